@@ -1,0 +1,36 @@
+# The two commands of the README: `make verify LEVEL=L0` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+LEVEL  ?= L0
+JOBS   ?= auto
+ARGS   ?=
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup verify mutants test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+verify: $(STAMP)
+	$(BIN)/verify run --level $(LEVEL) -n $(JOBS) $(ARGS)
+
+mutants: $(STAMP)
+	$(BIN)/verify run --level $(LEVEL) --backend mutants -n $(JOBS) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_compare.py
+	$(BIN)/python benchmarks/bench_golden_memory.py
+
+clean:
+	rm -rf $(VENV) reports/*/ build *.egg-info

@@ -1,0 +1,52 @@
+"""``verify.run``: the whole flow in-process, without pytest, returning the rows."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from . import results, runner, selection
+
+
+@dataclass
+class RunResult:
+    rows: list[dict]
+    run_dir: Path | None
+
+    @property
+    def df(self) -> pd.DataFrame:
+        return results.frame(self.rows)
+
+    @property
+    def exit_status(self) -> int:
+        return results.exit_status(self.rows)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return results.counts(self.rows)
+
+    def summary(self) -> str:
+        return results.summary_text(self.rows, self.run_dir)
+
+
+def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = None,
+        backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
+        cases: str | None = None, kernels: Sequence[str] = (),
+        reports: str | Path | None | bool = None, run_id: str | None = None) -> RunResult:
+    """Run the selection and return its rows; ``reports=False`` writes no files."""
+    plan = selection.build(selection.Selection(
+        level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
+        kernel_modules=list(kernels)))
+    rows: list[dict] = []
+    for case, kern in plan.items:
+        rows.extend(runner.run_case(case, kern))
+    run_dir = None
+    if reports is not False:
+        base = Path(reports) if reports else Path(os.environ.get("VERIFY_REPORTS", "reports"))
+        run_dir = base / (run_id or results.new_run_id())
+        results.write(rows, run_dir, {"run_id": run_dir.name, "level": level,
+                                      "environment": results.environment()})
+    return RunResult(rows, run_dir)

@@ -1,0 +1,273 @@
+"""Case files: JSON Schema validation, op-aware checks, and sweep expansion into Cases.
+
+A file holds the levels of one op. Every error names the file, the case id and the JSON
+path of the bad value; a bad file is a configuration error (exit 2).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from . import dtypes as dt
+from . import registry, standards
+from .errors import CaseFileError, ConfigError
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    id: str
+    level: str
+    dtype: str
+    main_shape: tuple[int, ...]
+    input_shapes: dict[str, tuple[int, ...]]
+    input_dtypes: dict[str, Any]  # torch dtypes
+    params: dict[str, Any]  # the case's params merged over the op's defaults
+    seed: int
+    dists: dict[str, dict]
+    steps: int = 1
+    standard: dict | None = None
+    tags: tuple[str, ...] = ()
+    expect_error: str | None = None
+    file: str = ""
+    json_path: str = ""
+    description: str = ""
+    case_params: dict = field(default_factory=dict)  # only those the file set
+
+    @property
+    def shape_str(self) -> str:
+        return shape_str(self.main_shape)
+
+    def canonical(self) -> dict:
+        """What the golden depends on (no kernel-only fields, no ids or tags)."""
+        return {
+            "op": self.op,
+            "shapes": {k: list(v) for k, v in sorted(self.input_shapes.items())},
+            "dtypes": {k: dt.name_of(v) for k, v in sorted(self.input_dtypes.items())},
+            "params": {k: self.params[k] for k in sorted(self.params)},
+            "seed": self.seed,
+            "dists": {k: self.dists[k] for k in sorted(self.dists)},
+            "steps": self.steps,
+        }
+
+    def golden_key(self, golden_version: str) -> str:
+        blob = json.dumps({"case": self.canonical(), "golden": golden_version},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def shape_str(shape) -> str:
+    return "x".join(str(s) for s in shape) if len(shape) else "scalar"
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict:
+    text = resources.files("verify").joinpath("schema/cases.schema.json").read_text()
+    return json.loads(text)
+
+
+def _json_path(parts) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _case_id_at(doc: dict, parts) -> str | None:
+    parts = list(parts)
+    if len(parts) >= 3 and parts[0] == "levels" and isinstance(parts[2], int):
+        try:
+            case = doc["levels"][parts[1]][parts[2]]
+            return case.get("id") if isinstance(case, dict) else None
+        except (KeyError, IndexError, TypeError):
+            return None
+    return None
+
+
+def load_file(path: str | Path) -> list[Case]:
+    path = Path(path)
+    fname = str(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise CaseFileError(fname, f"cannot read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise CaseFileError(fname, f"invalid JSON: {exc.msg} (line {exc.lineno}, "
+                                   f"column {exc.colno})") from exc
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = jsonschema.exceptions.best_match(errors)
+        parts = list(err.absolute_path)
+        raise CaseFileError(fname, err.message, _case_id_at(doc, parts), _json_path(parts))
+    try:
+        spec = registry.op(doc["op"])
+    except ConfigError as exc:
+        raise CaseFileError(fname, str(exc), None, "$.op") from None
+    defaults = doc.get("defaults", {})
+    cases: list[Case] = []
+    seen: dict[str, str] = {}
+    for level, entries in doc["levels"].items():
+        for i, raw in enumerate(entries):
+            where = f"$.levels.{level}[{i}]"
+            merged = _merge(defaults, raw)
+            for case in _expand(spec, merged, level, fname, where):
+                key = f"{level}-{case.id}"
+                if key in seen:
+                    raise CaseFileError(fname, f"duplicate case id '{case.id}' in {level} "
+                                               f"(also at {seen[key]})", raw.get("id"), where)
+                seen[key] = where
+                cases.append(case)
+    return cases
+
+
+def _merge(defaults: dict, case: dict) -> dict:
+    out = dict(defaults)
+    for k, v in case.items():
+        if k in ("params", "inputs", "dims", "dtypes", "shapes") and k in out:
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+def _as_list(value, is_single) -> list:
+    return [value] if is_single(value) else list(value)
+
+
+def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str):
+    cid = raw["id"]
+
+    def fail(msg, sub=""):
+        raise CaseFileError(fname, msg, cid, where + sub)
+
+    for name in raw.get("params", {}):
+        if name not in spec.params:
+            fail(f"op '{spec.name}' has no param '{name}' (params: "
+                 f"{', '.join(spec.params) or 'none'})", f".params.{name}")
+    for key in ("inputs", "shapes", "dtypes"):
+        for name in raw.get(key, {}):
+            if name not in spec.input_names:
+                fail(f"op '{spec.name}' has no input '{name}' (inputs: "
+                     f"{', '.join(spec.input_names)})", f".{key}.{name}")
+    expect_error = raw.get("expect_error")
+    dtypes = _as_list(raw.get("dtype", spec.dtypes[0]), lambda v: isinstance(v, str))
+    for j, name in enumerate(dtypes):
+        canon = dt.canonical_name(name)
+        if canon not in spec.dtypes and not expect_error:
+            fail(f"dtype '{name}' is not supported by op '{spec.name}' (supported: "
+                 f"{', '.join(spec.dtypes)})", ".dtype" if len(dtypes) == 1 else f".dtype[{j}]")
+    std = raw.get("standard")
+    if std is not None:
+        _check_standard(std, spec, fail)
+    steps = int(raw.get("steps", 1))
+    if steps > 1 and not spec.feedback:
+        fail(f"op '{spec.name}' declares no feedback of outputs into inputs, so it cannot "
+             f"run several steps", ".steps")
+
+    if "shape" in raw:
+        shape_v = raw["shape"]
+        shapes = [shape_v] if not shape_v or not isinstance(shape_v[0], list) else shape_v
+    elif "shapes" in raw:
+        first = next((n for n in spec.input_names if n in raw["shapes"]), None)
+        shapes = [raw["shapes"][first]]
+    else:
+        fail("a case needs 'shape' (or 'shapes' per input)", "")
+    dims = raw.get("dims", {})
+    dim_names = sorted(dims)
+    dim_values = [_as_list(dims[n], lambda v: isinstance(v, int)) for n in dim_names]
+    param_sweeps = {k: v for k, v in raw.get("params", {}).items() if isinstance(v, list)}
+    fixed_params = {k: v for k, v in raw.get("params", {}).items() if not isinstance(v, list)}
+    sweep_names = list(param_sweeps)
+
+    for dtype_name, shape_t, dim_combo, pvals in itertools.product(
+            dtypes, shapes, itertools.product(*dim_values),
+            itertools.product(*(param_sweeps[k] for k in sweep_names))):
+        dim_map = dict(zip(dim_names, dim_combo))
+        main = _resolve(shape_t, dim_map, fail, ".shape")
+        lo, hi = spec.ranks
+        if not lo <= len(main) <= hi and not expect_error:
+            fail(f"op '{spec.name}' takes {lo}..{hi}-D shapes, got {list(main)}", ".shape")
+        in_shapes = {n: spec.input(n).shape_for(main) for n in spec.input_names}
+        for n, templ in raw.get("shapes", {}).items():
+            in_shapes[n] = _resolve(templ, dim_map, fail, f".shapes.{n}")
+        canon = dt.canonical_name(dtype_name)
+        in_dtypes = {n: spec.input_dtype(n, canon) for n in spec.input_names}
+        for n, dname in raw.get("dtypes", {}).items():
+            in_dtypes[n] = dt.to_torch(dname)
+        case_params = {**fixed_params, **dict(zip(sweep_names, pvals))}
+        params = {**spec.params, **case_params}
+        dists = {n: raw.get("inputs", {}).get(n, spec.input(n).dist) for n in spec.input_names}
+        suffix = [canon, shape_str(main)]
+        suffix += [f"{k}={_fmt(v)}" for k, v in zip(sweep_names, pvals)]
+        yield Case(
+            op=spec.name, id="-".join([cid] + suffix), level=level, dtype=canon,
+            main_shape=main, input_shapes=in_shapes, input_dtypes=in_dtypes, params=params,
+            seed=int(raw.get("seed", 0)), dists=dists, steps=steps,
+            standard=std, tags=tuple(raw.get("tags", ())), expect_error=expect_error,
+            file=fname, json_path=where, description=raw.get("description", ""),
+            case_params=case_params,
+        )
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _resolve(template, dim_map, fail, sub) -> tuple[int, ...]:
+    out = []
+    for j, d in enumerate(template):
+        if isinstance(d, str):
+            if d not in dim_map:
+                fail(f"named dim '{d}' has no value in 'dims'", f"{sub}[{j}]")
+            out.append(int(dim_map[d]))
+        else:
+            out.append(int(d))
+    return tuple(out)
+
+
+def _check_standard(std, spec, fail):
+    entries = [("", std)]
+    if isinstance(std, dict):
+        for out_name, sub in std.get("outputs", {}).items():
+            if out_name not in spec.output_names:
+                fail(f"op '{spec.name}' has no output '{out_name}' (outputs: "
+                     f"{', '.join(spec.output_names)})", f".standard.outputs.{out_name}")
+            entries.append((f".outputs.{out_name}", sub))
+    for sub_path, entry in entries:
+        name = entry if isinstance(entry, str) else entry.get("name")
+        if name is None:
+            continue
+        if name not in standards.STANDARDS:
+            fail(f"unknown standard '{name}' (known: {', '.join(sorted(standards.STANDARDS))})",
+                 f".standard{sub_path}" + ("" if isinstance(entry, str) else ".name"))
+
+
+def load_dir(directory: str | Path, ops=None) -> list[Case]:
+    """Every case file of a folder (``<op>.json``), or only those of ``ops``."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ConfigError(f"cases folder '{directory}' does not exist")
+    files = sorted(directory.glob("*.json"))
+    if not files:
+        raise ConfigError(f"cases folder '{directory}' holds no *.json case files")
+    out: list[Case] = []
+    for f in files:
+        if ops is not None and f.stem not in ops:
+            # peek at the op name: the file name is a convention, not a contract
+            try:
+                op_name = json.loads(f.read_text()).get("op")
+            except (OSError, ValueError, AttributeError):
+                op_name = None
+            if op_name not in ops:
+                continue
+        out.extend(load_file(f))
+    return out

@@ -1,0 +1,26 @@
+"""Error types that map to the run's exit status.
+
+ConfigError (exit 2) is a problem with what the user gave us: a case file, an option, an
+unknown op. Anything a kernel raises is not an error of the run: it becomes an ERROR row.
+"""
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """A usage or configuration error; the run exits with status 2."""
+
+
+class CaseFileError(ConfigError):
+    """A bad case file: the message names the file, the case id and the JSON path."""
+
+    def __init__(self, file: str, message: str, case_id: str | None = None,
+                 json_path: str | None = None):
+        self.file = file
+        self.case_id = case_id
+        self.json_path = json_path
+        where = [f"{file}"]
+        if case_id:
+            where.append(f"case '{case_id}'")
+        if json_path:
+            where.append(f"at {json_path}")
+        super().__init__(": ".join([", ".join(where), message]))

@@ -1,0 +1,111 @@
+"""Deterministic inputs: the same case gives bitwise the same tensors on any machine.
+
+Values are drawn in float64 by NumPy's PCG64 generator (a stream fixed by the seed, not by
+the machine, thread count or torch build), seeded from a SHA-256 of (case seed, input name,
+step), then rounded once to the working dtype on the CPU. Kernels get these tensors moved
+to their device; the golden gets the very same values upcast to float64.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping
+
+import numpy as np
+import torch
+
+DISTRIBUTIONS = ("normal", "uniform", "constant", "zeros", "ones", "tiny", "subnormal",
+                 "huge", "nan", "inf", "special", "randint")
+SPECIAL_VALUES = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}
+
+
+def derive_seed(seed: int, name: str, step: int = 0) -> int:
+    digest = hashlib.sha256(f"{seed}/{name}/{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _value(v, dtype: torch.dtype) -> float:
+    """A scalar from a case file: a number, 'nan', 'inf', '-inf', 'tiny', 'huge', 'max'."""
+    if isinstance(v, str):
+        if v in SPECIAL_VALUES:
+            return SPECIAL_VALUES[v]
+        info = torch.finfo(dtype)
+        named = {"tiny": info.tiny, "-tiny": -info.tiny, "max": info.max, "-max": -info.max,
+                 "huge": info.max / 2, "-huge": -info.max / 2, "eps": info.eps}
+        return named[v]
+    return float(v)
+
+
+def _signs(rng, shape):
+    return np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+
+
+def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
+         rng: np.random.Generator) -> np.ndarray:
+    """float64 values for one input; ``dtype`` only sets the range of named extremes."""
+    kind = dist["dist"]
+    fdtype = dtype if dtype.is_floating_point else torch.float32
+    if kind == "normal":
+        out = rng.normal(float(dist.get("mean", 0.0)), float(dist.get("std", 1.0)), shape)
+    elif kind == "uniform":
+        out = rng.uniform(float(dist.get("low", -1.0)), float(dist.get("high", 1.0)), shape)
+    elif kind == "randint":
+        out = rng.integers(int(dist.get("low", 0)), int(dist.get("high", 10)), shape)
+        out = out.astype(np.float64)
+    elif kind == "constant":
+        out = np.full(shape, _value(dist["value"], fdtype))
+    elif kind == "zeros":
+        out = np.zeros(shape)
+    elif kind == "ones":
+        out = np.ones(shape)
+    elif kind == "tiny":  # just above the smallest normal of the working dtype
+        out = torch.finfo(fdtype).tiny * rng.uniform(1.0, 4.0, shape) * _signs(rng, shape)
+    elif kind == "subnormal":
+        info = torch.finfo(fdtype)
+        out = info.tiny * rng.uniform(0.0, 1.0, shape) * _signs(rng, shape)
+    elif kind == "huge":
+        info = torch.finfo(fdtype)
+        out = info.max * rng.uniform(0.25, 0.5, shape) * _signs(rng, shape)
+    elif kind == "nan":
+        out = np.full(shape, np.nan)
+    elif kind == "inf":
+        out = np.inf * _signs(rng, shape)
+    elif kind == "special":
+        out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng)
+        values = [_value(v, fdtype) for v in dist.get("values", ["nan", "inf", "-inf"])]
+        pick = rng.random(shape) < float(dist.get("fraction", 0.01))
+        choice = rng.integers(0, len(values), shape)
+        out = np.where(pick, np.asarray(values)[choice], out)
+    else:
+        raise ValueError(f"unknown distribution '{kind}'")
+    out = np.asarray(out, dtype=np.float64)
+    if dist.get("abs"):
+        out = np.abs(out)
+    if "scale" in dist:
+        out = out * float(dist["scale"])
+    return out
+
+
+def make_input(name: str, dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
+               seed: int, step: int = 0) -> torch.Tensor:
+    rng = np.random.Generator(np.random.PCG64(derive_seed(seed, name, step)))
+    values = draw(dist, tuple(shape), dtype, rng)
+    return torch.from_numpy(values).to(dtype)
+
+
+def make_inputs(case, step: int = 0, names=None) -> dict[str, torch.Tensor]:
+    """All inputs of a case (or only ``names``) at a given step, on the CPU."""
+    out = {}
+    for name in names if names is not None else case.input_shapes:
+        out[name] = make_input(name, case.dists[name], case.input_shapes[name],
+                               case.input_dtypes[name], case.seed, step)
+    return out
+
+
+def fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes: equal on every machine for a case."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]

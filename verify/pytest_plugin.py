@@ -1,0 +1,173 @@
+"""pytest plugin: each case x kernel is one test item, e.g.
+``apply_adam_w_v2[L0-smoke-bf16-8x8-torch]``.
+
+Active when ``--level`` is given; then only case items are collected. Items attach their
+result rows to the test report, so under pytest-xdist every worker's rows reach the
+controller, which writes one merged report and the terminal summary.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from . import results, runner, selection
+from .errors import ConfigError
+
+_ROWS_KEY = "verify_rows"
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("verify", "kernel precision verification")
+    g.addoption("--level", default=None,
+                help="run the case items of these levels (L0, L1, 'L0,L1' or 'all')")
+    g.addoption("--cases", default=None, help="folder of case files (default test_cases/)")
+    g.addoption("--kernels", action="append", default=[],
+                help="module (dotted name or .py path) registering kernels; repeatable")
+    g.addoption("--backend", action="append", default=[], help="backend to run; repeatable")
+    g.addoption("--op", action="append", default=[], help="op to run; repeatable")
+    g.addoption("--dtype", action="append", default=[], help="working dtype; repeatable")
+    g.addoption("--reports", default=None,
+                help="folder of run reports (default reports/, or VERIFY_REPORTS)")
+    g.addoption("--run-id", default=None, help="name of this run's report folder")
+
+
+def _active(config) -> bool:
+    return config.getoption("--level", default=None) is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "verify_case: a generated precision case item")
+    if not _active(config):
+        return
+    sel = selection.Selection(
+        level=config.getoption("--level"), cases_dir=config.getoption("--cases"),
+        ops=config.getoption("--op") or None, dtypes=config.getoption("--dtype") or None,
+        backends=config.getoption("--backend") or None,
+        kernel_modules=config.getoption("--kernels"))
+    try:
+        config._verify_plan = selection.build(sel)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config._verify_rows = []
+    if not hasattr(config, "workerinput"):
+        config._verify_run_id = config.getoption("--run-id") or results.new_run_id()
+        reports = config.getoption("--reports") or os.environ.get("VERIFY_REPORTS", "reports")
+        config._verify_run_dir = Path(reports) / config._verify_run_id
+
+
+def pytest_ignore_collect(collection_path, config):
+    if _active(config):
+        return True  # a verification run collects case items only
+    return None
+
+
+class CaseFile(pytest.File):
+    def collect(self):  # items are made by the plugin, not read from the file
+        return []
+
+
+class CaseFailed(Exception):
+    pass
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case, kern, **kw):
+        super().__init__(**kw)
+        self.case = case
+        self.kern = kern
+        self.add_marker("verify_case")
+        from . import registry
+        spec = registry.op(case.op)
+        self.extra_keyword_matches.update(
+            {case.op, *spec.aliases, case.level, case.dtype, kern.backend, kern.name,
+             *case.tags})
+
+    def runtest(self):
+        rows = runner.run_case(self.case, self.kern)
+        self.user_properties.append((_ROWS_KEY, rows))
+        verdicts = {r["verdict"] for r in rows}
+        if "ERROR" in verdicts:
+            raise CaseFailed(_explain(rows, "ERROR"))
+        if rows[0].get("expected") == "PASS" and "FAIL" in verdicts:
+            raise CaseFailed(_explain(rows, "FAIL"))
+        if verdicts == {"SKIP"}:
+            pytest.skip(rows[0]["reason"])
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, CaseFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+def _explain(rows, verdict) -> str:
+    lines = []
+    for r in rows:
+        if r["verdict"] == verdict:
+            lines.append(f"{r['output']}: {verdict} [{r.get('standard') or '-'}] {r['reason']}")
+    text = "\n".join(lines)
+    diffs = results.diff_tables_text([r for r in rows if r.get("diff_table")], limit=3)
+    return text + ("\n\n" + diffs if diffs else "")
+
+
+def item_name(case, kern) -> str:
+    return f"{case.op}[{case.level}-{case.id}-{kern.id}]"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if not _active(config):
+        return
+    files: dict[str, CaseFile] = {}
+    new_items = []
+    for case, kern in config._verify_plan.items:
+        parent = files.get(case.file)
+        if parent is None:
+            parent = files[case.file] = CaseFile.from_parent(session, path=Path(case.file).resolve())
+        new_items.append(CaseItem.from_parent(parent, name=item_name(case, kern),
+                                              case=case, kern=kern))
+    items[:] = new_items
+
+
+def pytest_runtest_logreport(report):
+    # runs on the controller for every worker's report (and in a run without xdist)
+    for key, value in getattr(report, "user_properties", ()):
+        if key == _ROWS_KEY and report.when == "call":
+            _ROWS.extend(value)
+
+
+_ROWS: list[dict] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if not _active(config) or hasattr(config, "workerinput"):
+        return
+    rows = list(_ROWS)
+    _ROWS.clear()
+    config._verify_rows = rows
+    if not rows:
+        return
+    meta = {"run_id": config._verify_run_id, "level": config.getoption("--level"),
+            "environment": results.environment()}
+    results.write(rows, config._verify_run_dir, meta)
+    if session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide
+        session.exitstatus = results.exit_status(rows)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _active(config) or hasattr(config, "workerinput"):
+        return
+    rows = getattr(config, "_verify_rows", [])
+    if not rows:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "precision summary")
+    tr.write(results.summary_text(rows, config._verify_run_dir, color=tr.hasmarkup))
+    diffs = results.diff_tables_text([r for r in rows if r.get("expected") == "PASS"], limit=5)
+    if diffs:
+        tr.write_sep("-", "worst elements of failing outputs (all in diff_tables.txt)")
+        tr.write(diffs)

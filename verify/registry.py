@@ -1,0 +1,305 @@
+"""The op registry and the kernel registry.
+
+An op is declared once (``declare_op``): its inputs with dtype rules and default value
+distributions, its params with defaults, its outputs with dtype rules, its float64 golden,
+its default standard and the input validation of the real kernel wrapper. Kernels of any
+backend register against an op name with ``@kernel(op, backend=...)`` and share the
+golden's calling convention ``fn(**inputs, **params) -> outputs in declared order``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import pkgutil
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import dtypes as dt
+from .errors import ConfigError
+
+WORKING = "working"  # dtype rule: the case's working dtype
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of an op.
+
+    dtype: WORKING, or a fixed dtype name ('fp32' for optimizer states).
+    shape: maps the case's main shape to this input's shape (None: the main shape).
+    dist: the default value distribution (see verify.inputs).
+    """
+
+    name: str
+    dtype: str = WORKING
+    shape: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None
+    dist: dict = field(default_factory=lambda: {"dist": "normal", "mean": 0.0, "std": 1.0})
+    per_step: bool = False  # drawn afresh at every step of a multi-step case (a gradient)
+
+    def shape_for(self, main: Sequence[int]) -> tuple[int, ...]:
+        return tuple(self.shape(tuple(main))) if self.shape else tuple(main)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One output; dtype is WORKING or a fixed dtype name."""
+
+    name: str
+    dtype: str = WORKING
+
+
+@dataclass
+class OpSpec:
+    name: str
+    inputs: tuple[InputSpec, ...]
+    params: dict[str, Any]
+    outputs: tuple[OutputSpec, ...]
+    golden_fn: Callable[..., Any]
+    dtypes: tuple[str, ...]
+    standard: dict
+    validate_fn: Callable[..., None] | None = None
+    ranks: tuple[int, int] = (2, 2)
+    feedback: dict[str, str] = field(default_factory=dict)  # input <- output, multi-step
+    step_param: str | None = None  # incremented at every step of a multi-step case
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    version: str | None = None  # explicit golden version bump
+
+    # -- the public surface -------------------------------------------------------
+    def golden(self, **kwargs):
+        """Run the float64 golden: inputs are upcast to float64 on the CPU first."""
+        inputs, params = self.split_args(kwargs)
+        inputs = {k: _as_float64(v) for k, v in inputs.items()}
+        return self.golden_fn(**inputs, **params)
+
+    def validate(self, **kwargs) -> None:
+        """The real wrapper's input checks (TypeError / ValueError)."""
+        if self.validate_fn is not None:
+            inputs, params = self.split_args(kwargs)
+            self.validate_fn(**inputs, **params)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.outputs]
+
+    def input(self, name: str) -> InputSpec:
+        return next(i for i in self.inputs if i.name == name)
+
+    def split_args(self, kwargs: dict) -> tuple[dict, dict]:
+        names = set(self.input_names)
+        unknown = set(kwargs) - names - set(self.params)
+        if unknown:
+            raise TypeError(f"{self.name}: unknown arguments {sorted(unknown)}")
+        missing = names - set(kwargs)
+        if missing:
+            raise TypeError(f"{self.name}: missing inputs {sorted(missing)}")
+        params = {**self.params, **{k: v for k, v in kwargs.items() if k in self.params}}
+        return {k: kwargs[k] for k in self.input_names}, params
+
+    def input_dtype(self, name: str, working: str) -> torch.dtype:
+        rule = self.input(name).dtype
+        return dt.to_torch(working if rule == WORKING else rule)
+
+    def output_dtype(self, name: str, working: str) -> torch.dtype:
+        rule = next(o.dtype for o in self.outputs if o.name == name)
+        return dt.to_torch(working if rule == WORKING else rule)
+
+    @property
+    def golden_version(self) -> str:
+        """Hash of the golden's source and the declaration: a changed golden is a new key."""
+        if self.version:
+            return self.version
+        try:
+            src = inspect.getsource(self.golden_fn)
+        except (OSError, TypeError):
+            src = repr(self.golden_fn)
+        decl = {
+            "inputs": [(i.name, i.dtype) for i in self.inputs],
+            "params": {k: repr(v) for k, v in self.params.items()},
+            "outputs": [(o.name, o.dtype) for o in self.outputs],
+        }
+        blob = src + json.dumps(decl, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _as_float64(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device="cpu", dtype=torch.float64)
+    return value
+
+
+_OPS: dict[str, OpSpec] = {}
+
+
+def declare_op(name: str, *, inputs, params, outputs, dtypes, standard, validate=None,
+               ranks=(2, 2), feedback=None, step_param=None, aliases=(), description="",
+               version=None):
+    """Decorator for a float64 golden function: declares the op it is the golden of."""
+
+    def wrap(golden_fn):
+        if name in _OPS:
+            raise ConfigError(f"op '{name}' is declared twice")
+        _OPS[name] = OpSpec(
+            name=name, inputs=tuple(inputs), params=dict(params), outputs=tuple(outputs),
+            golden_fn=golden_fn, dtypes=tuple(dt.canonical_name(d) for d in dtypes),
+            standard=standard if isinstance(standard, dict) else {"name": standard},
+            validate_fn=validate, ranks=tuple(ranks), feedback=dict(feedback or {}),
+            step_param=step_param, aliases=tuple(aliases), description=description,
+            version=version,
+        )
+        return golden_fn
+
+    return wrap
+
+
+# -- backends and kernels -------------------------------------------------------------
+@dataclass
+class Backend:
+    """Where kernels run. Availability comes with a reason, shown on SKIP rows."""
+
+    name: str
+    device: str = "cpu"
+    check: Callable[[], tuple[bool, str]] = lambda: (True, "")
+    expect_fail: bool = False  # kernels here are known-bad: a FAIL is the expected outcome
+
+    def available(self) -> tuple[bool, str]:
+        return self.check()
+
+
+@dataclass
+class Kernel:
+    op: str
+    backend: str
+    name: str
+    fn: Callable[..., Any]
+    description: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.backend if self.name == self.op else f"{self.backend}.{self.name}"
+
+
+def _torch_device() -> str:
+    wanted = os.environ.get("VERIFY_TORCH_DEVICE")
+    if wanted:
+        return wanted
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_BACKENDS: dict[str, Backend] = {
+    "torch": Backend("torch", device=_torch_device()),
+    "mutants": Backend("mutants", device="cpu", expect_fail=True),
+}
+_KERNELS: list[Kernel] = []
+
+
+def register_backend(backend: Backend) -> Backend:
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def kernel(op: str, backend: str = "torch", name: str | None = None, description: str = ""):
+    """Register ``fn(**inputs, **params)`` as a kernel of ``op`` under ``backend``.
+
+    A backend name seen for the first time becomes a CPU backend that is always
+    available (user kernels), so ``--backend mine`` selects them.
+    """
+
+    def wrap(fn):
+        if backend not in _BACKENDS:
+            register_backend(Backend(backend))
+        kname = name or (op if backend != "mutants" else fn.__name__)
+        _KERNELS[:] = [k for k in _KERNELS
+                       if not (k.op == op and k.backend == backend and k.name == kname)]
+        _KERNELS.append(Kernel(op, backend, kname, fn,
+                               description or (inspect.getdoc(fn) or "").split("\n")[0]))
+        return fn
+
+    return wrap
+
+
+# -- discovery -----------------------------------------------------------------------
+_LOADED = False
+_BUILTIN_PACKAGES = ("goldens", "kernels")
+
+
+def load_builtin() -> None:
+    """Import every golden and kernel module shipped with the harness (once)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for pkg_name in _BUILTIN_PACKAGES:
+        pkg = importlib.import_module(pkg_name)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg_name + "."):
+            importlib.import_module(info.name)
+
+
+def load_user_module(spec: str) -> None:
+    """Import a user's kernel module: a dotted name on sys.path, or a .py file path."""
+    load_builtin()
+    try:
+        if spec.endswith(".py") or os.sep in spec:
+            path = os.path.abspath(spec)
+            if not os.path.isfile(path):
+                raise ConfigError(f"--kernels {spec}: no such file")
+            mod_name = "verify_user_" + hashlib.sha1(path.encode()).hexdigest()[:10]
+            if mod_name in sys.modules:
+                return
+            module_spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[mod_name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(spec)
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"--kernels {spec}: cannot import: {exc}") from exc
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigError(f"--kernels {spec}: importing it raised "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def ops() -> list[str]:
+    load_builtin()
+    return sorted(_OPS)
+
+
+def op(name: str) -> OpSpec:
+    load_builtin()
+    try:
+        return _OPS[name]
+    except KeyError:
+        raise ConfigError(f"unknown op '{name}'; known ops: {', '.join(sorted(_OPS))}") from None
+
+
+def backends() -> dict[str, Backend]:
+    load_builtin()
+    return dict(_BACKENDS)
+
+
+def backend(name: str) -> Backend:
+    load_builtin()
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise ConfigError(f"unknown backend '{name}'; known backends: "
+                          f"{', '.join(sorted(_BACKENDS))}") from None
+
+
+def kernels(op_name: str | None = None, backend_names: Sequence[str] | None = None) -> list[Kernel]:
+    load_builtin()
+    return [k for k in _KERNELS
+            if (op_name is None or k.op == op_name)
+            and (backend_names is None or k.backend in backend_names)]

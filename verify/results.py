@@ -1,0 +1,210 @@
+"""Results of a run: rows -> results.csv, results.json, diff tables, terminal summary.
+
+One row per case x backend x kernel x output. The CSV columns are an interface (README);
+results.json holds the same rows plus per-step metrics and diff tables.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import platform
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from .metrics import Metrics
+
+FLOOR_COLUMNS = [f"floor_{k}" for k in
+                 ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")]
+COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "output",
+            "out_dtype", "shape", "steps", "verdict", "expected", "standard", "reason",
+            "warning"]
+           + [m for m in Metrics.names()]
+           + FLOOR_COLUMNS
+           + ["golden_source", "golden_s", "kernel_s", "seed", "params", "tags",
+              "inputs_sha", "file"])
+VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    extra = [c for c in df.columns if c not in COLUMNS]
+    return df[COLUMNS + extra]
+
+
+def _clean(v):
+    if isinstance(v, float):
+        if math.isnan(v):
+            return None
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    return {v: sum(1 for r in rows if r.get("verdict") == v) for v in VERDICTS}
+
+
+def mutant_summary(rows: list[dict]) -> list[dict]:
+    """Per known-bad kernel: caught when at least one of its outputs FAILed."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        if r.get("expected") != "FAIL":
+            continue
+        key = (r["op"], r["backend"], r["kernel"])
+        entry = out.setdefault(key, {"op": r["op"], "backend": r["backend"],
+                                     "kernel": r["kernel"], "failing": 0, "cases": set(),
+                                     "errors": 0, "first": ""})
+        entry["cases"].add(r["case_id"])
+        if r["verdict"] == "FAIL":
+            entry["failing"] += 1
+            entry["first"] = entry["first"] or f"{r['case_id']} {r['output']}: {r['reason']}"
+        elif r["verdict"] == "ERROR":
+            entry["errors"] += 1
+    result = []
+    for e in out.values():
+        e["cases"] = len(e["cases"])
+        e["caught"] = e["failing"] > 0
+        result.append(e)
+    return sorted(result, key=lambda e: (e["op"], e["kernel"]))
+
+
+def exit_status(rows: list[dict]) -> int:
+    """0 all as expected, 1 any FAIL / ERROR of a correct kernel, any ERROR or a missed
+    mutant among known-bad kernels."""
+    for r in rows:
+        if r.get("verdict") == "ERROR":
+            return 1
+        if r.get("expected", "PASS") == "PASS" and r.get("verdict") == "FAIL":
+            return 1
+    if any(not m["caught"] for m in mutant_summary(rows)):
+        return 1
+    return 0
+
+
+def environment(argv: list[str] | None = None) -> dict:
+    import numpy
+    import torch
+    env = {"python": platform.python_version(), "platform": platform.platform(),
+           "torch": torch.__version__, "numpy": numpy.__version__,
+           "command": " ".join(argv if argv is not None else sys.argv)}
+    try:
+        import subprocess
+        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                           text=True, timeout=5).stdout.strip()
+    except Exception:
+        env["git_commit"] = ""
+    return env
+
+
+def write(rows: list[dict], run_dir: str | Path, meta: dict | None = None) -> Path:
+    """Write results.csv, results.json and diff_tables.txt into ``run_dir``."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    df = frame(rows)
+    csv_cols = [c for c in df.columns if c not in ("step_metrics", "diff_table")]
+    df[csv_cols].to_csv(run_dir / "results.csv", index=False)
+    doc = {"meta": {**(meta or {}), "counts": counts(rows)},
+           "mutants": mutant_summary(rows), "rows": _clean(rows)}
+    tmp = run_dir / "results.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
+    os.replace(tmp, run_dir / "results.json")
+    (run_dir / "diff_tables.txt").write_text(diff_tables_text(rows))
+    return run_dir
+
+
+def _fmt(v, digits=3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}e}"
+    return str(v)
+
+
+def diff_tables_text(rows: list[dict], limit: int | None = None) -> str:
+    parts = []
+    for r in rows:
+        table = r.get("diff_table")
+        if not table:
+            continue
+        if limit is not None and len(parts) >= limit:
+            break
+        head = (f"{r['op']} [{r['level']}-{r['case_id']}] {r['backend']}:{r['kernel']} "
+                f"output {r['output']} ({r['out_dtype']}): {r['verdict']} - {r['reason']}")
+        names = list(table[0]["inputs"]) if table else []
+        header = ["index"] + names + ["golden", "actual", "abs_diff", "rel_diff"]
+        lines = [head, " | ".join(header)]
+        for e in table:
+            cells = [str(tuple(e["index"]))]
+            cells += [_fmt(e["inputs"].get(n), 6) for n in names]
+            cells += [_fmt(e[k], 8) for k in ("golden", "actual")]
+            cells += [_fmt(e[k]) for k in ("abs_diff", "rel_diff")]
+            lines.append(" | ".join(cells))
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + ("\n" if parts else "")
+
+
+_STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold magenta", "SKIP": "yellow"}
+
+
+def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int = 160,
+                 color: bool = False) -> str:
+    """The terminal summary: a table of every row, mutants caught or missed, counts."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                      highlight=False)
+    table = Table(title="precision verdicts", show_lines=False, header_style="bold")
+    for col in ("op", "case", "kernel", "output", "verdict", "MERE", "MARE", "max abs",
+                "floor max abs", "why (non-PASS)"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        v = r.get("verdict", "")
+        label = v if r.get("expected", "PASS") == "PASS" else f"{v} (expected FAIL)"
+        kernel = r["backend"] if r["kernel"] == r["op"] else f"{r['backend']}:{r['kernel']}"
+        table.add_row(r["op"], f"{r['level']}-{r['case_id']}", kernel, r.get("output", "-"),
+                      f"[{_STYLE.get(v, '')}]{label}[/]", _fmt(r.get("mere")),
+                      _fmt(r.get("mare")), _fmt(r.get("max_abs")),
+                      _fmt(r.get("floor_max_abs")),
+                      "" if v == "PASS" else (r.get("reason") or ""))
+    console.print(table)
+    for r in rows:
+        if r.get("warning"):
+            console.print(f"[yellow]warning[/] {r['op']} {r['case_id']} {r['output']}: "
+                          f"{r['warning']}")
+    mutants = mutant_summary(rows)
+    if mutants:
+        mt = Table(title="known-bad kernels (mutants)", header_style="bold")
+        for col in ("op", "mutant", "caught", "failing outputs", "first failure"):
+            mt.add_column(col, overflow="fold")
+        for m in mutants:
+            mt.add_row(m["op"], m["kernel"],
+                       "[green]caught[/]" if m["caught"] else "[bold red]MISSED[/]",
+                       str(m["failing"]), m["first"])
+        console.print(mt)
+    c = counts(rows)
+    line = ", ".join(f"{k} {c[k]}" for k in VERDICTS)
+    if mutants:
+        caught = sum(m["caught"] for m in mutants)
+        line += f"; mutants caught {caught}/{len(mutants)}"
+    if run_dir is not None:
+        line += f"; reports in {run_dir}"
+    console.print(line)
+    return buf.getvalue()

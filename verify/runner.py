@@ -1,0 +1,188 @@
+"""Run one case with one kernel and turn the outcome into result rows.
+
+One row per output (case x backend x kernel x output). Anything the kernel raises becomes
+one ERROR row with the exception; a backend that is not available here gives a SKIP row
+with its reason. Nothing here stops the run: the next case always runs.
+"""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+
+import torch
+
+from . import dtypes as dt
+from . import inputs as inp
+from . import registry
+from .cases import Case
+from .compare import compare, resolve_standard
+from .difftable import worst_elements
+from .goldens_cache import GoldenCache
+from .metrics import Metrics
+
+FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
+DIFF_ROWS = 10
+
+_GOLDENS = GoldenCache()
+
+
+def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> dict:
+    return {
+        "op": case.op, "case_id": case.id, "level": case.level, "backend": kern.backend,
+        "kernel": kern.name, "device": backend.device, "dtype": case.dtype,
+        "shape": case.shape_str, "steps": case.steps, "seed": case.seed,
+        "params": json.dumps(case.case_params, sort_keys=True),
+        "tags": ",".join(case.tags), "file": case.file,
+        "expected": "FAIL" if backend.expect_fail else "PASS",
+    }
+
+
+def _row(base: dict, **kw) -> dict:
+    row = dict(base)
+    row.setdefault("output", "-")
+    row.setdefault("out_dtype", "")
+    row.setdefault("standard", "")
+    row.setdefault("warning", "")
+    row.update(kw)
+    return row
+
+
+def skip_row(case: Case, kern: registry.Kernel, backend: registry.Backend, reason: str):
+    return _row(_base_row(case, kern, backend), verdict="SKIP", reason=reason)
+
+
+def _to_device(tensors: dict, device: str) -> dict:
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+def _as_tuple(outs) -> tuple:
+    return (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _kernel_trajectory(spec, case, kern, device):
+    """Kernel outputs of every step (on the CPU) and the last step's inputs (CPU)."""
+    current = _to_device(inp.make_inputs(case), device)
+    params = dict(case.params)
+    steps, last_inputs, seconds = [], None, 0.0
+    for step in range(case.steps):
+        if step:
+            fresh = inp.make_inputs(case, step, [i.name for i in spec.inputs if i.per_step])
+            current.update(_to_device(fresh, device))
+            if spec.step_param:
+                params[spec.step_param] = case.params[spec.step_param] + step
+        last_inputs = {k: v.detach().cpu() for k, v in current.items()}
+        t0 = time.perf_counter()
+        outs = _as_tuple(kern.fn(**{k: v.clone() for k, v in current.items()}, **params))
+        _sync(device)
+        seconds += time.perf_counter() - t0
+        if len(outs) != len(spec.outputs):
+            raise RuntimeError(f"kernel returned {len(outs)} outputs, op '{spec.name}' "
+                               f"declares {len(spec.outputs)} ({', '.join(spec.output_names)})")
+        steps.append(tuple(o.detach().cpu() for o in outs))
+        for in_name, out_name in spec.feedback.items():
+            current[in_name] = outs[spec.output_names.index(out_name)]
+    return steps, last_inputs, seconds
+
+
+def _error_text(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _raised_expected(exc: BaseException, expected: str) -> bool:
+    return any(cls.__name__ == expected for cls in type(exc).__mro__)
+
+
+def run_case(case: Case, kern: registry.Kernel, cache: GoldenCache | None = None) -> list[dict]:
+    """Every result row of ``case`` run by ``kern``."""
+    cache = cache or _GOLDENS
+    spec = registry.op(case.op)
+    backend = registry.backend(kern.backend)
+    base = _base_row(case, kern, backend)
+    ok, why = backend.available()
+    if not ok:
+        return [skip_row(case, kern, backend, why)]
+    try:
+        base["inputs_sha"] = inp.fingerprint(inp.make_inputs(case))
+    except Exception as exc:  # a bad distribution for this dtype, say
+        return [_row(base, verdict="ERROR", reason=f"making inputs: {_error_text(exc)}")]
+
+    if case.expect_error:
+        try:
+            _kernel_trajectory(spec, case, kern, backend.device)
+        except Exception as exc:
+            if _raised_expected(exc, case.expect_error):
+                return [_row(base, verdict="PASS", standard="expect_error",
+                             reason=f"raised {type(exc).__name__} as expected: {exc}")]
+            return [_row(base, verdict="FAIL", standard="expect_error",
+                         reason=f"expected {case.expect_error}, got {_error_text(exc)}")]
+        return [_row(base, verdict="FAIL", standard="expect_error",
+                     reason=f"expected {case.expect_error}; the kernel accepted the inputs")]
+
+    try:
+        k_steps, last_inputs, k_seconds = _kernel_trajectory(spec, case, kern, backend.device)
+    except Exception as exc:
+        return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
+    try:
+        g_steps, source, g_seconds = cache.get(spec, case)
+    except Exception as exc:
+        return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
+
+    rows = []
+    for j, out_name in enumerate(spec.output_names):
+        out_dtype = spec.output_dtype(out_name, case.dtype)
+        row = _row(base, output=out_name, out_dtype=dt.name_of(out_dtype),
+                   golden_source=source, golden_s=round(g_seconds, 6),
+                   kernel_s=round(k_seconds, 6))
+        try:
+            rows.append(_judge_output(row, spec, case, out_name, out_dtype, j, k_steps,
+                                      g_steps, last_inputs))
+        except Exception as exc:
+            rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
+    return rows
+
+
+def _judge_output(row, spec, case, out_name, out_dtype, j, k_steps, g_steps, last_inputs):
+    std = resolve_standard(case.standard or spec.standard, out_name)
+    per_step, verdicts = [], []
+    for s, (k_out, g_out) in enumerate(zip(k_steps, g_steps)):
+        actual, golden = k_out[j], g_out[j]
+        if actual.dtype != out_dtype:
+            raise TypeError(f"output '{out_name}' has dtype {actual.dtype}, the op declares "
+                            f"{out_dtype} for a {case.dtype} case")
+        v = compare(actual, golden, dtype=out_dtype, standard=std, output=None)
+        verdicts.append(v)
+        per_step.append({"step": s + 1, "verdict": v.verdict, "mere": v.metrics.mere,
+                         "mare": v.metrics.mare, "max_abs": v.metrics.max_abs,
+                         "rmse": v.metrics.rmse, "eb": v.metrics.eb})
+    failing = [(s, v) for s, v in enumerate(verdicts) if not v.passed]
+    s_final, decisive = failing[0] if failing else (len(verdicts) - 1, verdicts[-1])
+    final = verdicts[-1]
+    reason = decisive.reason
+    if case.steps > 1 and failing:
+        reason = f"step {s_final + 1}/{case.steps}: {reason}"
+    row.update(verdict=decisive.verdict, standard=decisive.standard, reason=reason,
+               warning=final.warning)
+    row.update(final.metrics.as_dict())
+    if final.floor is not None:
+        row.update({f"floor_{k}": getattr(final.floor, k) for k in FLOOR_FIELDS})
+    if case.steps > 1:
+        row["step_metrics"] = per_step
+    if failing:
+        s = s_final
+        row["diff_table"] = worst_elements(
+            k_steps[s][j], g_steps[s][j], last_inputs if s == len(k_steps) - 1 else {},
+            k=DIFF_ROWS, atol=decisive.metrics.atol if std["name"] == "allclose" else None,
+            rtol=decisive.metrics.rtol if std["name"] == "allclose" else None)
+    return row
+
+
+def metric_columns() -> list[str]:
+    return Metrics.names()
