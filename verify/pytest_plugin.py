@@ -86,6 +86,9 @@ class CaseItem(pytest.Item):
 
     def runtest(self):
         rows = runner.run_case(self.case, self.kern)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        for r in rows:
+            r["worker"] = worker
         self.user_properties.append((_ROWS_KEY, rows))
         verdicts = {r["verdict"] for r in rows}
         if "ERROR" in verdicts:

@@ -1,0 +1,151 @@
+"""Metrics against NumPy written from the definitions in standards.md; standards at their
+thresholds; the error floor."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import verify
+from verify import dtypes as dt
+from verify import metrics, standards
+
+
+def numpy_reference(a, g, eps_ms, small, small_atol, mant, min_exp):
+    a = a.astype(np.float64)
+    d = np.abs(a - g)
+    rel = d / (np.abs(g) + 1e-7)
+    e = np.where(g == 0, min_exp, np.maximum(np.floor(np.log2(np.abs(np.where(g == 0, 1, g)))), min_exp))
+    ulp = d * 2.0 ** (mant - e)
+    is_small = np.abs(g) <= small
+    r2 = d / (np.abs(g) + eps_ms)
+    ok3 = np.where(is_small, d <= small_atol, r2 < 1e-3)
+    return {
+        "mere": rel.mean(), "mare": rel.max(), "max_abs": d.max(),
+        "rmse": math.sqrt((d ** 2).mean()),
+        "cosine": float(a @ g / math.sqrt((a @ a) * (g @ g))),
+        "eb": abs(int((a > g).sum()) - int((a < g).sum())) / a.size,
+        "eb_mean": abs(((a - g) / np.maximum(1, np.abs(g))).mean()),
+        "ulp_max": ulp.max(), "ulp_mean": ulp.mean(),
+        "thousandth": ok3.mean(),
+        "argmax_abs": int(d.argmax()),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_metrics_match_numpy_over_many_blocks(dtype):
+    gen = torch.Generator().manual_seed(0)
+    n = 3 * metrics.BLOCK + 12345  # several blocks and a tail
+    g = torch.randn(n, generator=gen, dtype=torch.float64) * 3
+    g[:100] = 0.0
+    g[100:200] *= 1e-6  # the small-value domain
+    a = (g * (1 + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
+    m = metrics.measure(a, g)
+    t = dt.traits(dtype)
+    ref = numpy_reference(a.to(torch.float64).numpy(), g.numpy(), t.msprobe_eps, t.small_value,
+                          t.small_value_atol, t.mantissa_bits, t.min_exp)
+    for key, want in ref.items():
+        got = getattr(m, key)
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-300), key
+    assert m.n == n
+
+
+def test_nan_inf_placement():
+    g = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0], dtype=torch.float64)
+    same = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0])
+    m = metrics.measure(same, g)
+    assert m.nan_inf_mismatch == 0 and m.n == 2 and m.max_abs == 0
+    moved = torch.tensor([float("nan"), 1.0, -float("inf"), -float("inf"), 2.0])
+    m = metrics.measure(moved, g)
+    assert m.nan_inf_mismatch == 3
+    ok, why = standards.judge("allclose", m, torch.float32)
+    assert not ok and "NaN/Inf placement" in why
+
+
+def test_ulp_of_one_fp16_step():
+    g = torch.tensor([1.0, 1024.0], dtype=torch.float64)
+    a = torch.tensor([1.0 + 2 ** -10, 1025.0], dtype=torch.float16)
+    m = metrics.measure(a, g)
+    assert m.ulp_max == 1.0 and m.ulp_mean == 1.0
+
+
+def _judge(name, actual, golden, **spec):
+    v = verify.compare(actual, golden, standard={"name": name, **spec})
+    return v.passed
+
+
+def test_cann_v1_thresholds_fp32():
+    g = torch.ones(1000, dtype=torch.float64)
+    t = 2 ** -13
+    assert _judge("cann_v1", (g * (1 + 0.5 * t)).float(), g)
+    assert not _judge("cann_v1", (g * (1 + 1.5 * t)).float(), g)   # MERE over T
+    spike = g.clone()
+    spike[0] = 1 + 11 * t                                         # MARE over 10 T
+    assert not _judge("cann_v1", spike.float(), g)
+
+
+def test_cann_v2_ratio_and_limit():
+    g = torch.linspace(1, 2, 1000, dtype=torch.float64)
+    a = g.clone()
+    a[:5] += 0.005  # 0.5 % of elements out of tolerance, max abs 5e-3 < 1e-2
+    assert _judge("cann_v2", a.float(), g)
+    a[:20] += 0.005  # 2 % out
+    assert not _judge("cann_v2", a.float(), g)
+
+
+def test_allclose_uses_case_tolerances_or_torch_defaults():
+    g = torch.ones(10, dtype=torch.float64)
+    a = (g + 1e-4).float()
+    assert not _judge("allclose", a, g)               # torch fp32 defaults are tighter
+    assert _judge("allclose", a, g, atol=1e-4, rtol=0.0078125)
+
+
+def test_thousandth_ulp_abs_threshold_cosine():
+    g = torch.linspace(1, 2, 10000, dtype=torch.float64)
+    rounded = g.half()
+    for name in ("thousandth", "ulp", "abs_threshold", "cosine", "cann_v1", "cann_v2"):
+        assert _judge(name, rounded, g), name  # the correctly rounded result passes all
+    bad = rounded.clone()
+    bad[:50] = bad[:50] * 1.01
+    for name in ("thousandth", "ulp", "abs_threshold", "cann_v1"):
+        assert not _judge(name, bad, g), name
+    assert not _judge("cosine", -rounded, g)
+
+
+def test_integer_outputs_compare_exactly():
+    g = torch.tensor([1, 2, 3])
+    assert verify.compare(torch.tensor([1, 2, 3], dtype=torch.int32), g).passed
+    v = verify.compare(torch.tensor([1, 2, 4], dtype=torch.int32), g)
+    assert not v.passed and v.standard == "exact"
+
+
+def test_error_floor_and_unmeetable_standard_warning():
+    """Known weakness of CANN v1: fp16 goldens in the subnormal range fail MARE even when
+    correctly rounded. The floor shows it and the verdict warns."""
+    g = torch.tensor([1e-6, 3.3e-6, 1.0, 2.0], dtype=torch.float64)
+    best = g.half()
+    v = verify.compare(best, g, standard="cann_v1")
+    assert not v.passed
+    assert "cannot be met even by the correctly rounded golden" in v.warning
+    assert v.floor.mare == v.metrics.mare
+    ok = verify.compare(torch.tensor([1.0, 2.0], dtype=torch.float16),
+                        torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert ok.passed and ok.warning == "" and ok.floor.max_abs == 0
+
+
+def test_floor_is_golden_rounded_to_output_dtype():
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(5000, generator=gen, dtype=torch.float64)
+    v = verify.compare(g.bfloat16(), g)
+    assert v.metrics.max_abs == v.floor.max_abs
+    assert v.floor.ulp_max <= 0.5 + 1e-12
+
+
+def test_streaming_is_independent_of_chunking(monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    g = torch.randn(2 * metrics.BLOCK + 7, generator=gen, dtype=torch.float64)
+    a = (g + 1e-3 * torch.randn(g.shape, generator=gen, dtype=torch.float64)).float()
+    whole = metrics.measure(a, g)
+    monkeypatch.setattr(metrics, "CHUNK", metrics.BLOCK)
+    chunked = metrics.measure(a, g)
+    assert whole == chunked  # bitwise: fixed blocks, combined in order

@@ -1,0 +1,57 @@
+"""Case items under pytest and pytest-xdist: readable ids, -k selection, one merged report."""
+import json
+import os
+import subprocess
+import sys
+
+import verify
+
+from helpers import REPO
+
+
+def pytest_run(*args, cwd=REPO):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_xdist_workers_merge_into_one_report(tmp_path):
+    out = pytest_run("--level", "L0", "--op", "lion", "-n", "2", "-v", "--reports", tmp_path,
+                     "--run-id", "x")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "lion[L0-small-bf16-8x8-torch]" in out.stdout
+    doc = json.loads((tmp_path / "x" / "results.json").read_text())
+    rows = doc["rows"]
+    expected = verify.run(level="L0", ops=["lion"], reports=False).rows
+    assert len(rows) == len(expected)
+    assert sorted((r["case_id"], r["output"]) for r in rows) == \
+        sorted((r["case_id"], r["output"]) for r in expected)
+    assert {r["worker"] for r in rows} == {"gw0", "gw1"}
+    assert "precision summary" in out.stdout
+
+
+def test_keyword_selection_by_op_alias(tmp_path):
+    out = pytest_run("--level", "L0", "-k", "adamw and bf16", "--collect-only", "-q")
+    assert out.returncode == 0, out.stdout + out.stderr
+    items = [ln for ln in out.stdout.splitlines() if "::" in ln]
+    assert items and all("apply_adam_w_v2[" in ln and "bf16" in ln for ln in items)
+
+
+def test_a_failing_item_fails_pytest_with_the_reason(tmp_path):
+    mod = tmp_path / "bad_lion.py"
+    mod.write_text(
+        "import verify, torch\n"
+        "@verify.kernel('lion', backend='bad')\n"
+        "def lion(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):\n"
+        "    w = weight.float() - lr * torch.sign(grad.float())\n"
+        "    return w.to(weight.dtype), beta2 * exp_avg + (1 - beta2) * grad.float()\n")
+    out = pytest_run("--level", "L0", "--kernels", str(mod), "--backend", "bad",
+                     "--reports", tmp_path, "-k", "small")
+    assert out.returncode == 1
+    assert "w_new: FAIL [allclose]" in out.stdout
+    assert "index | weight | grad | exp_avg | golden | actual" in out.stdout
+
+
+def test_plain_test_runs_are_untouched():
+    out = pytest_run("--collect-only", "-q", "tests/test_inputs.py")
+    assert out.returncode == 0 and "test_inputs.py::" in out.stdout
