@@ -28,7 +28,10 @@ import torch
 os.environ.setdefault("NUMBA_CACHE_DIR",
                       os.path.join(os.path.expanduser("~"), ".cache", "kernel-verify-numba"))
 import numba  # noqa: E402
+from llvmlite import ir  # noqa: E402
 from numba import njit, prange  # noqa: E402
+from numba.core import types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
 from . import dtypes as dt  # noqa: E402
 
@@ -38,112 +41,176 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 # accumulator slots
 (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, MAX_REL_CANN, ARG_REL, MAX_ABS, ARG_ABS, SUM_SQ,
  DOT, AA, GG, N_GT, N_LT, SUM_EB, MAX_ULP, SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD,
- N_OK_1E2, N_OK_1E3, N_OK_1E4, N_REL_BAD, N_V2, N_CASE, MAX_REL, N_SLOTS) = range(29)
+ N_OK_1E2, N_OK_1E3, N_OK_1E4, N_REL_BAD, N_V2, N_CASE, MAX_REL, N_ZERO_G_BAD,
+ N_SLOTS) = range(30)
 
 # constants slots
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
  C_ATOL, C_RTOL, C_ABS_RTOL, C_OFFSET) = range(12)
 
+_F64_EXP = np.int64(0x7FF0000000000000)
+_F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
+# NaN / Inf are classified from the bit patterns, so the float arithmetic below only ever
+# sees finite values and may be vectorised with fast-math flags (no nnan / ninf).
+_FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "reassoc"}
 
-@njit(cache=True, nogil=True)
-def _block(a, g, lo, hi, c, out):
-    for k in range(N_SLOTS):
-        out[k] = 0.0
-    out[ARG_REL] = -1.0
-    out[ARG_ABS] = -1.0
+
+@intrinsic
+def _fmax(typingctx, x, y):
+    """llvm.maxnum: a max that LLVM vectorises as a reduction (numba's max() does not)."""
+    sig = types.float64(types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.DoubleType(), [ir.DoubleType(), ir.DoubleType()])
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [ir.DoubleType()], fnty)
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def _as_float(typingctx, bits):
+    """The float64 whose IEEE bits are ``bits`` (a vectorisable bit cast)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
     small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
-    mant, min_exp = int(c[C_MANT]), int(c[C_MIN_EXP])
-    for i in range(lo, hi):
-        av = np.float64(a[i])
-        gv = g[i]
-        if not (math.isfinite(av) and math.isfinite(gv)):
-            if math.isnan(av) and math.isnan(gv):
-                out[SPECIAL_EQ] += 1.0
-            elif (not math.isnan(av)) and (not math.isnan(gv)) and av == gv:
-                out[SPECIAL_EQ] += 1.0
-            else:
-                out[NONFINITE_BAD] += 1.0
-            continue
-        out[N] += 1.0
-        d = abs(av - gv)
+    mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
+    v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
+    abs_rtol = c[C_ABS_RTOL]
+    n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
+    n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
+    ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
+        ab = np.int64(abits[i])
+        gb = gbits[i]
+        # masks as 0.0 / 1.0 and selects only: no branch, so the loop vectorises
+        a_spec = 1.0 if (ab & aexp) == aexp else 0.0
+        g_spec = 1.0 if (gb & _F64_EXP) == _F64_EXP else 0.0
+        a_nan = a_spec * (1.0 if (ab & aman) != 0 else 0.0)
+        g_nan = g_spec * (1.0 if (gb & _F64_MAN) != 0 else 0.0)
+        same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
+        eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
+        f = (1.0 - a_spec) * (1.0 - g_spec)
+        same += eq_special
+        bad += 1.0 - f - eq_special
+        a_raw = np.float64(a[i])
+        g_raw = g[i]
+        av = a_raw if f > 0.5 else 0.0
+        gv = g_raw if f > 0.5 else 0.0
+        n += f
+        diff = av - gv
+        d = abs(diff)
         ag = abs(gv)
-        out[SUM_SQ] += d * d
-        out[DOT] += av * gv
-        out[AA] += av * av
-        out[GG] += gv * gv
-        if av > gv:
-            out[N_GT] += 1.0
-        elif av < gv:
-            out[N_LT] += 1.0
-        out[SUM_EB] += (av - gv) / max(1.0, ag)
-        if d > out[MAX_ABS] or out[ARG_ABS] < 0:
-            out[MAX_ABS] = d
-            out[ARG_ABS] = i + c[C_OFFSET]
+        s_sq += d * d
+        dot += av * gv
+        aa += av * av
+        gg += gv * gv
+        n_gt += 1.0 if av > gv else 0.0
+        n_lt += 1.0 if av < gv else 0.0
+        inv_ag = 1.0 / _fmax(ag, 1e-300)
+        s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
+        m_abs = _fmax(m_abs, d)
         rel = d / (ag + eps_cann)
-        out[SUM_REL] += rel
-        if rel > out[MAX_REL_CANN] or out[ARG_REL] < 0:
-            out[MAX_REL_CANN] = rel
-            out[ARG_REL] = i + c[C_OFFSET]
-        if ag > 0.0:
-            pr = d / ag
-            if pr > out[MAX_REL]:
-                out[MAX_REL] = pr
-        elif d > 0.0:
-            out[MAX_REL] = np.inf
-        if ag == 0.0:
-            e = min_exp
-        else:
-            e = math.frexp(ag)[1] - 1
-            if e < min_exp:
-                e = min_exp
-        ulp = math.ldexp(d, mant - e)
-        if ulp > out[MAX_ULP]:
-            out[MAX_ULP] = ulp
-        out[SUM_ULP] += ulp
-        if ulp > 1.0:
-            out[N_ULP1] += 1.0
-        if ulp > 32.0:
-            out[N_ULP32] += 1.0
-        if ag <= small:
-            out[N_SMALL] += 1.0
-            ok = d <= small_atol
-            if not ok:
-                out[N_SMALL_BAD] += 1.0
-            ok2 = ok
-            ok3 = ok
-            ok4 = ok
-        else:
-            r = d / (ag + eps_ms)
-            ok2 = r < 1e-2
-            ok3 = r < 1e-3
-            ok4 = r < 1e-4
-            if r > c[C_ABS_RTOL]:
-                out[N_REL_BAD] += 1.0
-        if ok2:
-            out[N_OK_1E2] += 1.0
-        if ok3:
-            out[N_OK_1E3] += 1.0
-        if ok4:
-            out[N_OK_1E4] += 1.0
-        if d <= c[C_V2_ATOL] + c[C_V2_RTOL] * ag:
-            out[N_V2] += 1.0
-        if d <= c[C_ATOL] + c[C_RTOL] * ag:
-            out[N_CASE] += 1.0
+        s_rel += rel
+        m_rel = _fmax(m_rel, rel)
+        g_pos = 1.0 if ag > 0.0 else 0.0
+        m_pr = _fmax(m_pr, d * inv_ag * g_pos)
+        zero_bad += (1.0 - g_pos) * (1.0 if d > 0.0 else 0.0)
+        # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
+        e_field = (gb >> 52) & 0x7FF
+        e_field = e_field if e_field > min_field else min_field
+        scale_field = 2046 + mant - e_field
+        scale_field = scale_field if scale_field < 2046 else 2046
+        ulp = d * _as_float(scale_field << 52)
+        m_ulp = _fmax(m_ulp, ulp)
+        s_ulp += ulp
+        n_u1 += 1.0 if ulp > 1.0 else 0.0
+        n_u32 += 1.0 if ulp > 32.0 else 0.0
+        sm = f * (1.0 if ag <= small else 0.0)
+        within_atol = 1.0 if d <= small_atol else 0.0
+        n_small += sm
+        n_small_bad += sm * (1.0 - within_atol)
+        denom = ag + eps_ms
+        big = f - sm
+        ok2 += sm * within_atol + big * (1.0 if d < 1e-2 * denom else 0.0)
+        ok3 += sm * within_atol + big * (1.0 if d < 1e-3 * denom else 0.0)
+        ok4 += sm * within_atol + big * (1.0 if d < 1e-4 * denom else 0.0)
+        n_rel_bad += big * (1.0 if d > abs_rtol * denom else 0.0)
+        n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
+        n_case += f * (1.0 if d <= atol + rtol * ag else 0.0)
+    out[N] = n
+    out[NONFINITE_BAD] = bad
+    out[SPECIAL_EQ] = same
+    out[SUM_REL] = s_rel
+    out[MAX_REL_CANN] = m_rel
+    out[MAX_ABS] = m_abs
+    out[SUM_SQ] = s_sq
+    out[DOT] = dot
+    out[AA] = aa
+    out[GG] = gg
+    out[N_GT] = n_gt
+    out[N_LT] = n_lt
+    out[SUM_EB] = s_eb
+    out[MAX_ULP] = m_ulp
+    out[SUM_ULP] = s_ulp
+    out[N_ULP1] = n_u1
+    out[N_ULP32] = n_u32
+    out[N_SMALL] = n_small
+    out[N_SMALL_BAD] = n_small_bad
+    out[N_OK_1E2] = ok2
+    out[N_OK_1E3] = ok3
+    out[N_OK_1E4] = ok4
+    out[N_REL_BAD] = n_rel_bad
+    out[N_V2] = n_v2
+    out[N_CASE] = n_case
+    out[MAX_REL] = m_pr
+    out[N_ZERO_G_BAD] = zero_bad
+    out[ARG_ABS] = -1.0
+    out[ARG_REL] = -1.0
 
 
-@njit(cache=True, parallel=True)
-def _blocks(a, g, c, out):
+@njit(cache=True, parallel=True, error_model="numpy")
+def _blocks(a, abits, aexp, aman, g, gbits, c, out):
     n = a.shape[0]
     for b in prange(out.shape[0]):
         lo = b * BLOCK
         hi = min(lo + BLOCK, n)
-        _block(a, g, lo, hi, c, out[b])
+        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _argmax_in(a, g, lo, hi, eps_cann):
+    """Index of the largest |a - g| and of the largest CANN relative error in [lo, hi)."""
+    best_d = best_r = -1.0
+    i_d = i_r = -1
+    for i in range(lo, hi):
+        av = np.float64(a[i])
+        gv = g[i]
+        if not (np.isfinite(av) and np.isfinite(gv)):
+            continue
+        d = abs(av - gv)
+        r = d / (abs(gv) + eps_cann)
+        if d > best_d:
+            best_d, i_d = d, i
+        if r > best_r:
+            best_r, i_r = r, i
+    return i_d, i_r
 
 
 _SUMS = (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, SUM_SQ, DOT, AA, GG, N_GT, N_LT, SUM_EB,
          SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD, N_OK_1E2, N_OK_1E3, N_OK_1E4,
-         N_REL_BAD, N_V2, N_CASE)
+         N_REL_BAD, N_V2, N_CASE, N_ZERO_G_BAD)
+_MAXES = (MAX_ABS, MAX_REL_CANN, MAX_ULP, MAX_REL)
 
 
 def _combine(parts: np.ndarray) -> np.ndarray:
@@ -152,11 +219,10 @@ def _combine(parts: np.ndarray) -> np.ndarray:
     for p in parts:  # block order: deterministic
         for k in _SUMS:
             acc[k] += p[k]
-        for val, arg in ((MAX_ABS, ARG_ABS), (MAX_REL_CANN, ARG_REL)):
-            if p[arg] >= 0 and (acc[arg] < 0 or p[val] > acc[val]):
-                acc[val], acc[arg] = p[val], p[arg]
-        acc[MAX_ULP] = max(acc[MAX_ULP], p[MAX_ULP])
-        acc[MAX_REL] = max(acc[MAX_REL], p[MAX_REL])
+        for k in _MAXES:
+            acc[k] = max(acc[k], p[k])
+    if acc[N_ZERO_G_BAD] > 0:
+        acc[MAX_REL] = np.inf
     return acc
 
 
@@ -285,27 +351,46 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
     if a.numel() != g.numel():
         raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
     c = _constants(dtype, atol, rtol)
-    parts_a, parts_f = [], []
+    acc_a, acc_f = [], []
+    best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, chunk start, block
     total = a.numel()
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
-        c[C_OFFSET] = start
         g_np = g[start:stop].numpy()
-        n_blocks = -(-(stop - start) // BLOCK)
-        out = np.empty((n_blocks, N_SLOTS))
-        _blocks(_host_view(a[start:stop]), g_np, c, out)
-        parts_a.append(out)
+        a_np = _host_view(a[start:stop])
+        parts = _run_blocks(a_np, g_np, c)
+        acc_a.append(parts)
+        for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
+            b = int(np.argmax(parts[:, slot])) if len(parts) else -1
+            if b >= 0 and parts[b, slot] > best[key][0]:
+                best[key] = (parts[b, slot], start, b)
         if floor:
-            rounded = g[start:stop].to(dtype)
-            out_f = np.empty((n_blocks, N_SLOTS))
-            _blocks(_host_view(rounded), g_np, c, out_f)
-            parts_f.append(out_f)
+            acc_f.append(_run_blocks(_host_view(g[start:stop].to(dtype)), g_np, c))
     empty = np.empty((0, N_SLOTS))
-    m_a = _finish(_combine(np.concatenate(parts_a) if parts_a else empty), atol, rtol)
+    combined = _combine(np.concatenate(acc_a) if acc_a else empty)
+    for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
+        _, start, b = best[key]
+        if b >= 0:
+            stop = min(start + CHUNK, total)
+            a_np = _host_view(a[start:stop])
+            lo, hi = b * BLOCK, min((b + 1) * BLOCK, stop - start)
+            i_d, i_r = _argmax_in(a_np, g[start:stop].numpy(), lo, hi, c[C_EPS_CANN])
+            combined[slot] = start + (i_d if key == "abs" else i_r)
+    m_a = _finish(combined, atol, rtol)
     m_f = None
     if floor:
-        m_f = _finish(_combine(np.concatenate(parts_f) if parts_f else empty), atol, rtol)
+        m_f = _finish(_combine(np.concatenate(acc_f) if acc_f else empty), atol, rtol)
     return m_a, m_f
+
+
+def _run_blocks(a_np: np.ndarray, g_np: np.ndarray, c: np.ndarray) -> np.ndarray:
+    if a_np.dtype == np.float32:
+        abits, aexp, aman = a_np.view(np.int32), np.int64(0x7F800000), np.int64(0x007FFFFF)
+    else:
+        abits, aexp, aman = a_np.view(np.int64), _F64_EXP, _F64_MAN
+    out = np.empty((-(-a_np.shape[0] // BLOCK), N_SLOTS))
+    _blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, out)
+    return out
 
 
 def measure(actual: torch.Tensor, golden: torch.Tensor, **kw) -> Metrics:

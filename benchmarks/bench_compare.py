@@ -1,0 +1,62 @@
+"""Comparator throughput: all metrics in one pass vs torch.testing.assert_close.
+
+Both run in this process on the same [7168, 4096] fp32 output and float64 golden; the
+figure that matters is the ratio, measured side by side (this machine's timings are noisy).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from verify import metrics
+from verify.compare import compare
+
+SHAPE = (7168, 4096)
+REPEATS = 5
+
+
+def best_of(fn, repeats=REPEATS):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    golden = torch.randn(SHAPE, generator=gen, dtype=torch.float64)
+    actual = golden.to(torch.float32)
+    n = golden.numel()
+    metrics.measure(actual[:1], golden[:1])  # compile / load the cached kernel once
+
+    def ours():
+        metrics.measure(actual, golden)
+
+    def ours_with_floor():
+        compare(actual, golden, standard="allclose")
+
+    def reference():
+        torch.testing.assert_close(actual, golden, check_dtype=False)
+
+    rows = []
+    for name, fn in (("verify metrics (all, one pass)", ours),
+                     ("verify.compare (metrics + error floor)", ours_with_floor),
+                     ("torch.testing.assert_close", reference)):
+        best, median = best_of(fn)
+        rows.append((name, best, median))
+    ref_best = rows[-1][1]
+    ref_median = rows[-1][2]
+    print(f"comparator on {SHAPE[0]}x{SHAPE[1]} fp32 vs float64 ({n / 1e6:.1f}M elements), "
+          f"{metrics.numba_threads()} numba threads, best / median of {REPEATS}")
+    for name, best, median in rows:
+        print(f"  {name:42s} {best * 1e3:8.1f} ms  {median * 1e3:8.1f} ms  "
+              f"{n / best / 1e6:8.1f} M elem/s  speed-up vs assert_close "
+              f"{ref_best / best:5.1f}x (median {ref_median / median:5.1f}x)")
+
+
+if __name__ == "__main__":
+    main()
