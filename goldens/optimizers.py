@@ -24,6 +24,16 @@ def _grad() -> InputSpec:
     return InputSpec("grad", per_step=True)
 
 
+def _adam_direction(w, g, m, v, beta1, beta2, eps, weight_decay, step):
+    """Adam moments and the decoupled-decay direction m_hat / (sqrt(v_hat) + eps) + wd*w,
+    shared by AdamW and LAMB; bias corrections are host-side scalars 1 - beta**step."""
+    bc1 = 1.0 - beta1 ** step
+    bc2 = 1.0 - beta2 ** step
+    m_t = beta1 * m + (1.0 - beta1) * g
+    v_t = beta2 * v + (1.0 - beta2) * g * g
+    return (m_t / bc1) / (torch.sqrt(v_t / bc2) + eps) + weight_decay * w, m_t, v_t
+
+
 # -- AdamW -----------------------------------------------------------------------------
 @declare_op(
     "apply_adam_w_v2",
@@ -41,14 +51,10 @@ def _grad() -> InputSpec:
                 "(Loshchilov & Hutter 2019).",
 )
 def apply_adam_w_v2(weight, grad, m, v, *, beta1, beta2, lr, weight_decay, eps, step):
-    """AdamW step; bias corrections are host-side scalars 1 - beta**step."""
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
+    """AdamW step: w - lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)."""
 
     def one(w, g, m_, v_):
-        m_t = beta1 * m_ + (1.0 - beta1) * g
-        v_t = beta2 * v_ + (1.0 - beta2) * g * g
-        update = (m_t / bc1) / (torch.sqrt(v_t / bc2) + eps) + weight_decay * w
+        update, m_t, v_t = _adam_direction(w, g, m_, v_, beta1, beta2, eps, weight_decay, step)
         return w - lr * update, m_t, v_t
 
     return elementwise(one, weight, grad, m, v, n_out=3)
@@ -203,14 +209,8 @@ def lion(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):
                 "ratio ||w|| / ||r|| over the whole tensor (1 when either norm is 0).",
 )
 def lamb(weight, grad, m, v, *, lr, beta1, beta2, eps, weight_decay, step):
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
-
     def moments(w, g, m_, v_):
-        m_t = beta1 * m_ + (1.0 - beta1) * g
-        v_t = beta2 * v_ + (1.0 - beta2) * g * g
-        r = (m_t / bc1) / (torch.sqrt(v_t / bc2) + eps) + weight_decay * w
-        return r, m_t, v_t
+        return _adam_direction(w, g, m_, v_, beta1, beta2, eps, weight_decay, step)
 
     r, m_new, v_new = elementwise(moments, weight, grad, m, v, n_out=3)
     flat_w, flat_r = weight.reshape(-1), r.view(-1)

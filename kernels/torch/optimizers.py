@@ -18,16 +18,22 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
     return t.to(F32)
 
 
+def _adam_direction(w, g, m, v, beta1, beta2, eps, weight_decay, step):
+    """fp32 Adam moments and m_hat / (sqrt(v_hat) + eps) + wd*w (AdamW and LAMB)."""
+    bc1 = 1.0 - beta1 ** step
+    bc2 = 1.0 - beta2 ** step
+    m_t = beta1 * m + (1.0 - beta1) * g
+    v_t = beta2 * v + (1.0 - beta2) * g * g
+    return (m_t / bc1) / (torch.sqrt(v_t / bc2) + eps) + weight_decay * w, m_t, v_t
+
+
 @kernel("apply_adam_w_v2")
 def apply_adam_w_v2(weight, grad, m, v, *, beta1=0.9, beta2=0.999, lr=1e-3,
                     weight_decay=0.01, eps=1e-8, step=1):
     checks.check_adam_w_v2(weight, grad, m, v, step=step)
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
-    w, g = _f32(weight), _f32(grad)
-    m_t = beta1 * m + (1.0 - beta1) * g
-    v_t = beta2 * v + (1.0 - beta2) * g * g
-    update = (m_t / bc1) / (torch.sqrt(v_t / bc2) + eps) + weight_decay * w
+    w = _f32(weight)
+    update, m_t, v_t = _adam_direction(w, _f32(grad), m, v, beta1, beta2, eps, weight_decay,
+                                       step)
     return (w - lr * update).to(weight.dtype), m_t, v_t
 
 
@@ -83,12 +89,8 @@ def lion(weight, grad, exp_avg, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=
 def lamb(weight, grad, m, v, *, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6,
          weight_decay=0.01, step=1):
     checks.check_lamb(weight, grad, m, v, step=step)
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
-    w, g = _f32(weight), _f32(grad)
-    m_t = beta1 * m + (1.0 - beta1) * g
-    v_t = beta2 * v + (1.0 - beta2) * g * g
-    r = (m_t / bc1) / (torch.sqrt(v_t / bc2) + eps) + weight_decay * w
+    w = _f32(weight)
+    r, m_t, v_t = _adam_direction(w, _f32(grad), m, v, beta1, beta2, eps, weight_decay, step)
     w_norm, r_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(r)
     trust = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
     return (w - lr * trust * r).to(weight.dtype), m_t, v_t
