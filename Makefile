@@ -5,10 +5,14 @@ BIN    := $(VENV)/bin
 LEVEL  ?= L0
 JOBS   ?= auto
 ARGS   ?=
+REGISTRY ?=
+STORE  ?=
+PORT   ?= 8470
+VERIFY_OPTS := $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(STORE),--store $(STORE))
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup verify mutants test bench clean
+.PHONY: setup verify mutants test bench serve clean
 
 setup: $(STAMP)
 
@@ -20,10 +24,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 verify: $(STAMP)
-	$(BIN)/verify run --level $(LEVEL) -n $(JOBS) $(ARGS)
+	$(BIN)/verify run --level $(LEVEL) -n $(JOBS) $(VERIFY_OPTS) $(ARGS)
 
 mutants: $(STAMP)
-	$(BIN)/verify run --level $(LEVEL) --backend mutants -n $(JOBS) $(ARGS)
+	$(BIN)/verify run --level $(LEVEL) --backend mutants -n $(JOBS) $(VERIFY_OPTS) $(ARGS)
+
+serve: $(STAMP)
+	$(BIN)/verify serve --port $(PORT) $(if $(STORE),--store $(STORE)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) $(ARGS)

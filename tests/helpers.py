@@ -19,5 +19,52 @@ def write_cases(folder: Path, doc: dict, name: str | None = None) -> Path:
 def run_cli(*args, cwd=None, env=None, timeout=600):
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("COLUMNS", "200")
     return subprocess.run([*VERIFY, *map(str, args)], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """``verify serve`` as a real process on a loopback port."""
+
+    def __init__(self, store_dir, token="t0ken", max_body_mb=1):
+        import time
+
+        import httpx
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.store_dir = store_dir
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("VERIFY_REGISTRY_TOKEN", None)
+        args = [*VERIFY, "serve", "--store", str(store_dir), "--port", str(self.port),
+                "--max-body-mb", str(max_body_mb)]
+        if token:
+            args += ["--token", token]
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("verify serve did not come up")
+
+    def stop(self, sig=None):
+        import signal
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.stdout.read() if self.proc.stdout else ""

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from . import results, runner, selection
+from . import golden_source, results, runner, selection
 
 
 @dataclass
@@ -35,11 +35,16 @@ class RunResult:
 def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = None,
         backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
         cases: str | None = None, kernels: Sequence[str] = (),
-        reports: str | Path | None | bool = None, run_id: str | None = None) -> RunResult:
-    """Run the selection and return its rows; ``reports=False`` writes no files."""
+        reports: str | Path | None | bool = None, run_id: str | None = None,
+        store: str | None = None, registry: str | None = None,
+        registry_required: bool = False) -> RunResult:
+    """Run the selection and return its rows; ``reports=False`` writes no files.
+    Goldens come from ``store`` (default VERIFY_STORE or .verify-store), then ``registry``,
+    then are computed."""
     plan = selection.build(selection.Selection(
         level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
         kernel_modules=list(kernels)))
+    golden_source.configure(store, registry, registry_required)
     rows: list[dict] = []
     for case, kern in plan.items:
         rows.extend(runner.run_case(case, kern))

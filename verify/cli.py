@@ -3,10 +3,13 @@
 ``verify run`` checks the selection first (a usage error exits 2 before anything runs),
 then runs the case items through pytest (so ``-n N`` spreads them over xdist workers)
 and maps pytest's exit codes onto ours: 0 all PASS, 1 any FAIL or ERROR, 2 usage.
+``verify serve`` starts the golden registry service; ``verify golden ...`` manages a store.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import logging
 import os
 import sys
 
@@ -14,44 +17,90 @@ from . import registry, selection
 from .errors import ConfigError
 
 
+def _add_store(p, registry_too=False):
+    p.add_argument("--store", default=None,
+                   help="local golden store folder (default VERIFY_STORE or .verify-store)")
+    if registry_too:
+        p.add_argument("--registry", default=None,
+                       help="golden registry URL (default VERIFY_REGISTRY); goldens are read "
+                            "from it and pushed to it when VERIFY_REGISTRY_TOKEN is set")
+        p.add_argument("--registry-required", action="store_true",
+                       help="fail (exit 2) instead of computing when the registry is away")
+
+
+def _add_selection(p):
+    p.add_argument("--level", default="L0", help="L0, L1, 'L0,L1' or 'all' (default L0)")
+    p.add_argument("--cases", default=None, help="folder of case files (default test_cases/)")
+    p.add_argument("--op", action="append", default=[], help="only this op; repeatable")
+    p.add_argument("--dtype", action="append", default=[],
+                   help="only this working dtype; repeatable")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verify", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="verify kernels against their float64 goldens")
-    run.add_argument("--level", default="L0", help="L0, L1, 'L0,L1' or 'all' (default L0)")
-    run.add_argument("--cases", default=None, help="folder of case files (default test_cases/)")
+    _add_selection(run)
     run.add_argument("--kernels", action="append", default=[],
                      help="your kernel module: dotted name or .py path; repeatable")
     run.add_argument("--backend", action="append", default=[],
                      help="run only this backend (e.g. torch, mutants, yours); repeatable")
-    run.add_argument("--op", action="append", default=[], help="only this op; repeatable")
-    run.add_argument("--dtype", action="append", default=[],
-                     help="only this working dtype; repeatable")
     run.add_argument("-n", "--workers", default=None,
                      help="pytest-xdist workers (a number or 'auto')")
     run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     run.add_argument("--reports", default=None, help="report folder (default reports/)")
     run.add_argument("--run-id", default=None, help="name of this run's report folder")
     run.add_argument("-v", "--verbose", action="store_true", help="one line per item")
+    _add_store(run, registry_too=True)
 
     ls = sub.add_parser("ops", help="list the registered ops, their kernels and standards")
     ls.add_argument("--kernels", action="append", default=[])
+
+    srv = sub.add_parser("serve", help="serve a golden store over HTTP")
+    _add_store(srv)
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8470)
+    srv.add_argument("--token", default=None,
+                     help="bearer token that may write (default VERIFY_REGISTRY_TOKEN; "
+                          "none: read-only)")
+    srv.add_argument("--max-body-mb", type=int, default=8192,
+                     help="largest upload accepted, in MiB (default 8192)")
+
+    golden = sub.add_parser("golden", help="manage the golden store")
+    gsub = golden.add_subparsers(dest="golden_command", required=True)
+    g_ls = gsub.add_parser("ls", help="list stored goldens")
+    _add_store(g_ls)
+    warm = gsub.add_parser("warm", help="compute (or fetch) a level's goldens ahead of time")
+    _add_selection(warm)
+    _add_store(warm, registry_too=True)
+    check = gsub.add_parser("check", help="re-hash every blob and report corrupt ones")
+    _add_store(check)
+    gc = gsub.add_parser("gc", help="remove goldens no case or golden version refers to")
+    _add_store(gc)
+    gc.add_argument("--cases", action="append", default=[],
+                    help="case folders whose goldens stay (default test_cases/); repeatable")
     return p
 
 
 def _pytest_args(a) -> list[str]:
-    args = ["-p", "no:cacheprovider", "--level", a.level]
+    # --opt=value forms and an explicit rootdir: pytest must not take option values (such
+    # as --reports /tmp/x) for paths when it picks its rootdir
+    args = ["-p", "no:cacheprovider", f"--rootdir={os.getcwd()}", f"--level={a.level}"]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         args = ["-p", "verify"] + args
     for flag, values in (("--kernels", a.kernels), ("--backend", a.backend), ("--op", a.op),
                          ("--dtype", a.dtype)):
-        for v in values:
-            args += [flag, v]
+        args += [f"{flag}={v}" for v in values]
     for flag, value in (("--cases", a.cases), ("--reports", a.reports),
-                        ("--run-id", a.run_id), ("-k", a.keyword)):
+                        ("--run-id", a.run_id), ("--store", a.store),
+                        ("--registry", a.registry)):
         if value:
-            args += [flag, value]
+            args.append(f"{flag}={value}")
+    if a.keyword:
+        args += ["-k", a.keyword]
+    if a.registry_required:
+        args.append("--registry-required")
     if a.workers and a.workers not in ("0", "1"):
         args += ["-n", str(a.workers)]
     args += ["-v"] if a.verbose else ["-q"]
@@ -65,6 +114,7 @@ def cmd_run(a) -> int:
                               dtypes=a.dtype or None, backends=a.backend or None,
                               kernel_modules=a.kernels)
     selection.build(sel)  # usage errors surface here with exit 2
+    # the plugin sets up the golden store and registry; its usage errors map to 2 below
     code = int(pytest.main(_pytest_args(a)))
     if code in (0, 1):
         return code
@@ -84,11 +134,103 @@ def cmd_ops(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    from .service import serve
+    from .store import default_store_dir
+
+    serve(a.store or default_store_dir(), host=a.host, port=a.port, token=a.token,
+          max_body=a.max_body_mb << 20)
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_golden(a) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .store import GoldenStore, default_store_dir
+
+    console = Console(highlight=False)
+    store_dir = a.store or default_store_dir()
+    if a.golden_command == "ls":
+        store = GoldenStore(store_dir)
+        table = Table(title=f"goldens in {store_dir}", header_style="bold")
+        for col in ("key", "op", "case", "golden version", "size", "created"):
+            table.add_column(col)
+        entries = store.entries()
+        for e in entries:
+            created = datetime.datetime.fromtimestamp(e.created).isoformat(timespec="seconds")
+            table.add_row(e.key[:16], e.op, e.case_id, e.golden_version, _human(e.size), created)
+        console.print(table)
+        stats = store.stats()
+        console.print(f"{stats['goldens']} goldens, {_human(stats['bytes'])}")
+        return 0
+    if a.golden_command == "warm":
+        return _warm(a, store_dir, console)
+    if a.golden_command == "check":
+        store = GoldenStore(store_dir)
+        bad = store.check()
+        for e, problem in bad:
+            console.print(f"[red]corrupt[/] {e.key[:16]} {e.op} {e.case_id}: {problem}")
+        console.print(f"checked {store.stats()['goldens']} goldens: {len(bad)} corrupt")
+        return 1 if bad else 0
+    if a.golden_command == "gc":
+        store = GoldenStore(store_dir)
+        live = selection.live_golden_keys(a.cases or [selection.default_cases_dir()])
+        result = store.gc(live)
+        console.print(f"removed {result['entries_removed']} goldens no case refers to, "
+                      f"freed {_human(result['bytes_freed'])}; {store.stats()['goldens']} kept")
+        return 0
+    return 2
+
+
+def _warm(a, store_dir: str, console) -> int:
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    from . import golden_source
+
+    cases = selection.select_cases(selection.Selection(
+        level=a.level, cases_dir=a.cases, ops=a.op or None, dtypes=a.dtype or None))
+    resolver = golden_source.configure(store_dir, a.registry, a.registry_required)
+    todo, seen = [], set()
+    for case in cases:
+        spec = registry.op(case.op)
+        key = case.golden_key(spec.golden_version)
+        if case.expect_error or key in seen:
+            continue
+        seen.add(key)
+        todo.append((spec, case))
+    counts = {"computed": 0, "local": 0, "registry": 0}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("warming goldens", total=len(todo))
+        for spec, case in todo:
+            progress.update(task, description=f"{case.op} {case.level}-{case.id}")
+            counts[resolver.get(spec, case).source] += 1
+            progress.advance(task)
+    console.print(f"{len(todo)} goldens ready in {store_dir}: {counts['computed']} computed, "
+                  f"{counts['registry']} fetched, {counts['local']} already stored")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="verify: %(message)s")
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "golden":
+            return cmd_golden(args)
         return cmd_ops(args)
     except ConfigError as exc:
         print(f"verify: error: {exc}", file=sys.stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from . import results, runner, selection
+from . import golden_source, results, runner, selection
 from .errors import ConfigError
 
 _ROWS_KEY = "verify_rows"
@@ -31,6 +31,11 @@ def pytest_addoption(parser):
     g.addoption("--reports", default=None,
                 help="folder of run reports (default reports/, or VERIFY_REPORTS)")
     g.addoption("--run-id", default=None, help="name of this run's report folder")
+    g.addoption("--store", default=None,
+                help="local golden store folder (default VERIFY_STORE or .verify-store)")
+    g.addoption("--registry", default=None, help="golden registry URL (or VERIFY_REGISTRY)")
+    g.addoption("--registry-required", action="store_true", default=False,
+                help="a usage error when the registry cannot be reached")
 
 
 def _active(config) -> bool:
@@ -48,6 +53,8 @@ def pytest_configure(config):
         kernel_modules=config.getoption("--kernels"))
     try:
         config._verify_plan = selection.build(sel)
+        golden_source.configure(config.getoption("--store"), config.getoption("--registry"),
+                                config.getoption("--registry-required"))
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._verify_rows = []

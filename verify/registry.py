@@ -116,11 +116,15 @@ class OpSpec:
 
     @property
     def golden_version(self) -> str:
-        """Hash of the golden's source and the declaration: a changed golden is a new key."""
+        """Hash of the golden's module source (the golden and every helper beside it), the
+        input generator's source and the declaration: a changed golden is a new key.
+        An explicit ``version`` replaces the source hash."""
         if self.version:
             return self.version
+        from . import inputs as input_module
         try:
-            src = inspect.getsource(self.golden_fn)
+            src = inspect.getsource(inspect.getmodule(self.golden_fn))
+            src += inspect.getsource(input_module)
         except (OSError, TypeError):
             src = repr(self.golden_fn)
         decl = {

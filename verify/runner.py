@@ -18,13 +18,11 @@ from . import registry
 from .cases import Case
 from .compare import compare, resolve_standard
 from .difftable import worst_elements
-from .goldens_cache import GoldenCache
+from . import golden_source
 from .metrics import Metrics
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 DIFF_ROWS = 10
-
-_GOLDENS = GoldenCache()
 
 
 def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> dict:
@@ -114,9 +112,8 @@ def _raised_expected(exc: BaseException, expected: str) -> bool:
     return any(cls.__name__ == expected for cls in type(exc).__mro__)
 
 
-def run_case(case: Case, kern: registry.Kernel, cache: GoldenCache | None = None) -> list[dict]:
+def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     """Every result row of ``case`` run by ``kern``."""
-    cache = cache or _GOLDENS
     spec = registry.op(case.op)
     backend = registry.backend(kern.backend)
     base = _base_row(case, kern, backend)
@@ -147,9 +144,12 @@ def run_case(case: Case, kern: registry.Kernel, cache: GoldenCache | None = None
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
     try:
-        g_steps, source, g_seconds = cache.get(spec, case, first_inputs)
+        golden = golden_source.resolver().get(spec, case, first_inputs)
+    except golden_source.RegistryUnavailable:
+        raise  # --registry-required: the run stops
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
+    g_steps, source, g_seconds = golden.trajectory, golden.source, golden.seconds
 
     rows = []
     for j, out_name in enumerate(spec.output_names):

@@ -66,7 +66,8 @@ def _expand_op_names(names: Sequence[str]) -> list[str]:
     return out
 
 
-def build(sel: Selection) -> Plan:
+def select_cases(sel: Selection) -> list[Case]:
+    """The cases of the selection (folder, levels, ops, dtypes); ConfigError if none."""
     registry.load_builtin()
     for module in sel.kernel_modules or ():
         registry.load_user_module(module)
@@ -78,17 +79,6 @@ def build(sel: Selection) -> Plan:
         except KeyError as exc:
             raise ConfigError(f"unknown dtype {exc} (--dtype); known: "
                               f"{', '.join(dt.DTYPE_NAMES)}") from None
-    all_backends = registry.backends()
-    if sel.backends:
-        for b in sel.backends:
-            registry.backend(b)  # unknown -> ConfigError
-            ok, why = all_backends[b].available()
-            if not ok:
-                raise ConfigError(f"backend '{b}' was asked for but is not available here: {why}")
-        backends = list(dict.fromkeys(sel.backends))
-    else:
-        backends = [b for b, spec in all_backends.items() if not spec.expect_fail]
-
     cases_dir = sel.cases_dir or default_cases_dir()
     cases = load_dir(cases_dir, ops)
     levels = sel.levels()
@@ -104,8 +94,33 @@ def build(sel: Selection) -> Plan:
     if not cases:
         raise ConfigError(f"no cases selected in {cases_dir} (level {sel.level}, ops "
                           f"{list(sel.ops or []) or 'all'}, dtypes {sorted(dtypes or []) or 'all'})")
+    return cases
+
+
+def build(sel: Selection) -> Plan:
+    cases = select_cases(sel)
+    all_backends = registry.backends()
+    if sel.backends:
+        for b in sel.backends:
+            registry.backend(b)  # unknown -> ConfigError
+            ok, why = all_backends[b].available()
+            if not ok:
+                raise ConfigError(f"backend '{b}' was asked for but is not available here: {why}")
+        backends = list(dict.fromkeys(sel.backends))
+    else:
+        backends = [b for b, spec in all_backends.items() if not spec.expect_fail]
     items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)]
     if not items:
         raise ConfigError(f"no kernel of backend(s) {', '.join(backends)} for the selected "
                           f"ops ({', '.join(sorted({c.op for c in cases}))})")
     return Plan(items=items, cases=cases, backends=backends)
+
+
+def live_golden_keys(cases_dirs: list[str]) -> set[str]:
+    """Keys of every case (all levels) in these folders under today's golden versions."""
+    keys = set()
+    for folder in cases_dirs:
+        for case in load_dir(folder):
+            if not case.expect_error:
+                keys.add(case.golden_key(registry.op(case.op).golden_version))
+    return keys

@@ -1,0 +1,76 @@
+"""Client of the golden registry service (``verify serve``), over HTTP with httpx.
+
+Downloads stream into the local store, hash-checked against the service's
+``X-Content-SHA256``; uploads stream from the local blob with the hash announced up front.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+
+from .store import GoldenStore
+
+HASH_HEADER = "X-Content-SHA256"
+META_HEADER = "X-Golden-Meta"
+CHUNK = 1 << 20
+
+
+class RegistryUnavailable(Exception):
+    """The service could not be reached or answered with a server error."""
+
+
+class RegistryClient:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("VERIFY_REGISTRY_TOKEN")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 500:
+            raise RegistryUnavailable(f"{self.url}{path}: HTTP {resp.status_code}")
+        return resp
+
+    def healthy(self) -> bool:
+        try:
+            return self._call("GET", "/healthz").status_code == 200
+        except RegistryUnavailable:
+            return False
+
+    def exists(self, key: str) -> bool:
+        return self._call("HEAD", f"/v1/goldens/{key}").status_code == 200
+
+    def fetch(self, key: str, store: GoldenStore) -> bool:
+        """Stream ``key`` into the local store; False when the service does not have it."""
+        path = f"/v1/goldens/{key}"
+        try:
+            with self._http.stream("GET", path) as resp:
+                if resp.status_code == 404:
+                    return False
+                if resp.status_code != 200:
+                    raise RegistryUnavailable(f"{self.url}{path}: HTTP {resp.status_code}")
+                meta = json.loads(resp.headers.get(META_HEADER, "{}"))
+                store.put_stream(key, resp.iter_bytes(CHUNK), resp.headers[HASH_HEADER], meta)
+                return True
+        except httpx.HTTPError as exc:
+            raise RegistryUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def push(self, key: str, store: GoldenStore) -> int:
+        """Upload the local blob of ``key``; returns the HTTP status (201, 200, 401, ...)."""
+        got = store.iter_blob(key)
+        if got is None:
+            raise KeyError(key)
+        entry, chunks = got
+        headers = {HASH_HEADER: entry.sha256, META_HEADER: json.dumps(entry.meta),
+                   "Content-Length": str(entry.size)}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return self._call("PUT", f"/v1/goldens/{key}", content=chunks, headers=headers).status_code

@@ -1,0 +1,330 @@
+"""The local golden store: content-addressed safetensors blobs, metadata in SQLite.
+
+Layout under the store folder:
+    index.sqlite                  key -> content hash, size, op, case, golden version, created
+    blobs/ab/<sha256>.safetensors one file per golden: every step's float64 outputs
+    tmp/                          partial writes; renamed into blobs/ only when complete
+    locks/<key>.lock              one computation per golden across processes
+
+Why safetensors: a plain header plus raw little-endian tensor bytes, written straight from
+tensor memory and read back without pickle, so a golden file is safe to fetch from a
+shared service and needs no second copy to write. Why SQLite: many processes (xdist
+workers, the service) read and write the index at once with transactions and no server.
+
+Every read re-hashes the blob; a corrupt or truncated one is reported, removed and
+treated as missing, so the caller recomputes and replaces it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+from filelock import FileLock
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+log = logging.getLogger("verify.store")
+
+KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+READ_CHUNK = 1 << 22
+DEFAULT_STORE = ".verify-store"
+
+
+class CorruptBlob(Exception):
+    """A blob whose bytes no longer match its content hash."""
+
+
+class HashMismatch(ValueError):
+    """Uploaded or fetched bytes that do not match the hash they were announced with."""
+
+
+@dataclass
+class Entry:
+    key: str
+    sha256: str
+    size: int
+    op: str
+    case_id: str
+    golden_version: str
+    created: float
+    meta: dict
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "sha256": self.sha256, "size": self.size, "op": self.op,
+                "case_id": self.case_id, "golden_version": self.golden_version,
+                "created": self.created, "meta": self.meta}
+
+
+def default_store_dir() -> str:
+    return os.environ.get("VERIFY_STORE") or DEFAULT_STORE
+
+
+def valid_key(key: str) -> bool:
+    return bool(KEY_RE.match(key or ""))
+
+
+def hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(READ_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def trajectory_to_tensors(traj: list[tuple[torch.Tensor, ...]], outputs: list[str]) -> dict:
+    return {f"{s}/{name}": t.contiguous() for s, step in enumerate(traj)
+            for name, t in zip(outputs, step)}
+
+
+def tensors_to_trajectory(tensors: dict, outputs: list[str]) -> list[tuple[torch.Tensor, ...]]:
+    steps = 1 + max(int(k.split("/")[0]) for k in tensors) if tensors else 0
+    return [tuple(tensors[f"{s}/{name}"] for name in outputs) for s in range(steps)]
+
+
+class GoldenStore:
+    """A folder of goldens, safe for many processes at once."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root or default_store_dir())
+        for sub in ("blobs", "tmp", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.db_path = self.root / "index.sqlite"
+        with self._db() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("""CREATE TABLE IF NOT EXISTS goldens (
+                key TEXT PRIMARY KEY, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+                op TEXT NOT NULL, case_id TEXT NOT NULL, golden_version TEXT NOT NULL,
+                created REAL NOT NULL, meta TEXT NOT NULL)""")
+            db.execute("CREATE INDEX IF NOT EXISTS goldens_sha ON goldens(sha256)")
+
+    # -- plumbing -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.db_path, timeout=60, isolation_level=None)
+        try:
+            db.execute("PRAGMA busy_timeout=60000")
+            yield db
+        finally:
+            db.close()
+
+    def blob_path(self, sha256: str) -> Path:
+        return self.root / "blobs" / sha256[:2] / f"{sha256}.safetensors"
+
+    def _tmp_path(self, key: str) -> Path:
+        return self.root / "tmp" / f"{key[:16]}.{os.getpid()}.{secrets.token_hex(4)}.part"
+
+    def lock(self, key: str, timeout: float = -1) -> FileLock:
+        """Held while one process computes ``key``; others wait and then read it."""
+        return FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=timeout)
+
+    # -- writing --------------------------------------------------------------------------
+    def put_tensors(self, key: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
+        """Write a golden: temp file, fsync, hash, rename into place, then index it."""
+        tmp = self._tmp_path(key)
+        try:
+            save_file(tensors, str(tmp), metadata={"key": key, "op": meta.get("op", "")})
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            return self._commit(key, tmp, hash_file(tmp), meta)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def writer(self, key: str, max_bytes: int | None = None) -> "BlobWriter":
+        """A golden arriving in chunks (an upload, a fetch): write, then commit or abort."""
+        return BlobWriter(self, key, max_bytes)
+
+    def put_stream(self, key: str, chunks: Iterable[bytes], expected_sha256: str, meta: dict,
+                   max_bytes: int | None = None) -> Entry:
+        with self.writer(key, max_bytes) as w:
+            for chunk in chunks:
+                w.write(chunk)
+            return w.commit(expected_sha256, meta)
+
+    def _commit(self, key: str, tmp: Path, sha256: str, meta: dict) -> Entry:
+        final = self.blob_path(sha256)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if not (final.exists() and hash_file(final) == sha256):
+            os.replace(tmp, final)  # atomic: readers see the old blob or the whole new one
+        entry = Entry(key, sha256, final.stat().st_size, meta.get("op", ""),
+                      meta.get("case_id", ""), meta.get("golden_version", ""), time.time(),
+                      meta)
+        with self._db() as db:
+            db.execute("INSERT OR REPLACE INTO goldens VALUES (?,?,?,?,?,?,?,?)",
+                       (entry.key, entry.sha256, entry.size, entry.op, entry.case_id,
+                        entry.golden_version, entry.created, json.dumps(meta, sort_keys=True)))
+        return entry
+
+    # -- reading --------------------------------------------------------------------------
+    def entry(self, key: str) -> Entry | None:
+        with self._db() as db:
+            row = db.execute("SELECT * FROM goldens WHERE key=?", (key,)).fetchone()
+        return _entry(row) if row else None
+
+    def entries(self, offset: int = 0, limit: int | None = None) -> list[Entry]:
+        sql = "SELECT * FROM goldens ORDER BY created, key"
+        args: tuple = ()
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            args = (limit, offset)
+        with self._db() as db:
+            return [_entry(r) for r in db.execute(sql, args).fetchall()]
+
+    def stats(self) -> dict:
+        with self._db() as db:
+            n, size = db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM goldens").fetchone()
+        return {"goldens": n, "bytes": size}
+
+    def verified_path(self, key: str) -> Path | None:
+        """The blob of ``key`` after re-hashing it; None when missing. A corrupt blob is
+        logged, removed with its entry, and reported as missing."""
+        e = self.entry(key)
+        if e is None:
+            return None
+        path = self.blob_path(e.sha256)
+        if not path.exists():
+            log.warning("golden %s: blob %s is missing; it will be recomputed", key[:12],
+                        path.name)
+            self.remove(key)
+            return None
+        actual = hash_file(path)
+        if actual != e.sha256:
+            log.warning("golden %s: blob %s is corrupt (sha256 %s); removed, it will be "
+                        "recomputed", key[:12], path.name, actual[:12])
+            self.remove(key, drop_blob=True)
+            return None
+        return path
+
+    def get_tensors(self, key: str) -> dict[str, torch.Tensor] | None:
+        path = self.verified_path(key)
+        if path is None:
+            return None
+        out = {}
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                out[name] = f.get_tensor(name)
+        return out
+
+    def iter_blob(self, key: str) -> tuple[Entry, Iterator[bytes]] | None:
+        """Entry and the blob's bytes in chunks (no hash check: the reader checks)."""
+        e = self.entry(key)
+        if e is None or not self.blob_path(e.sha256).exists():
+            return None
+        path = self.blob_path(e.sha256)
+
+        def chunks():
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(READ_CHUNK), b""):
+                    yield chunk
+
+        return e, chunks()
+
+    # -- maintenance ----------------------------------------------------------------------
+    def remove(self, key: str, drop_blob: bool = False) -> None:
+        e = self.entry(key)
+        with self._db() as db:
+            db.execute("DELETE FROM goldens WHERE key=?", (key,))
+        if e is not None and (drop_blob or not self._referenced(e.sha256)):
+            self.blob_path(e.sha256).unlink(missing_ok=True)
+
+    def _referenced(self, sha256: str) -> bool:
+        with self._db() as db:
+            return db.execute("SELECT 1 FROM goldens WHERE sha256=? LIMIT 1",
+                              (sha256,)).fetchone() is not None
+
+    def check(self) -> list[tuple[Entry, str]]:
+        """Re-hash every blob; (entry, problem) for each missing or corrupt one."""
+        bad = []
+        for e in self.entries():
+            path = self.blob_path(e.sha256)
+            if not path.exists():
+                bad.append((e, "missing blob"))
+            elif hash_file(path) != e.sha256:
+                bad.append((e, "content hash mismatch"))
+        return bad
+
+    def gc(self, live_keys: set[str], stale_tmp_s: float = 3600) -> dict:
+        """Drop entries no case refers to, blobs no entry refers to, old partial writes."""
+        removed = [e for e in self.entries() if e.key not in live_keys]
+        with self._db() as db:
+            for e in removed:
+                db.execute("DELETE FROM goldens WHERE key=?", (e.key,))
+            kept = {r[0] for r in db.execute("SELECT sha256 FROM goldens").fetchall()}
+        freed = 0
+        for blob in (self.root / "blobs").glob("*/*.safetensors"):
+            if blob.stem not in kept:
+                freed += blob.stat().st_size
+                blob.unlink(missing_ok=True)
+        now = time.time()
+        for part in (self.root / "tmp").glob("*.part"):
+            if now - part.stat().st_mtime > stale_tmp_s:
+                part.unlink(missing_ok=True)
+        for lock in (self.root / "locks").glob("*.lock"):
+            if lock.stem not in live_keys:
+                lock.unlink(missing_ok=True)
+        return {"entries_removed": len(removed), "bytes_freed": freed}
+
+
+class BlobWriter:
+    """Streams bytes into a temp file while hashing; ``commit`` checks the announced hash
+    and the safetensors header, then renames the file into place. Leaving the ``with``
+    block without a commit removes the temp file."""
+
+    def __init__(self, store: GoldenStore, key: str, max_bytes: int | None):
+        self.store, self.key, self.max_bytes = store, key, max_bytes
+        self.tmp = store._tmp_path(key)
+        self._file = open(self.tmp, "wb")
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.max_bytes is not None and self.size > self.max_bytes:
+            raise OverflowError(f"body larger than the limit of {self.max_bytes} bytes")
+        self._hash.update(chunk)
+        self._file.write(chunk)
+
+    def commit(self, expected_sha256: str, meta: dict) -> Entry:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        actual = self._hash.hexdigest()
+        if actual != expected_sha256:
+            raise HashMismatch(f"content hash {actual} != announced {expected_sha256}")
+        _check_safetensors(self.tmp)
+        return self.store._commit(self.key, self.tmp, actual, meta)
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "BlobWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.abort()
+
+
+def _entry(row) -> Entry:
+    key, sha, size, op, case_id, version, created, meta = row
+    return Entry(key, sha, size, op, case_id, version, created, json.loads(meta))
+
+
+def _check_safetensors(path: Path) -> None:
+    """A blob must parse as safetensors before it is accepted."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            list(f.keys())
+    except Exception as exc:
+        raise HashMismatch(f"not a safetensors file: {exc}") from exc
