@@ -38,6 +38,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_compare.py
 	$(BIN)/python benchmarks/bench_golden_memory.py
+	$(BIN)/python benchmarks/bench_registry.py
 
 clean:
 	rm -rf $(VENV) reports/*/ build *.egg-info

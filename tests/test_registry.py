@@ -1,6 +1,5 @@
 """The golden store and the registry service, for real: a `verify serve` process on a
 loopback port, several processes and threads writing at once, corrupt and partial files."""
-import hashlib
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ import torch
 from safetensors.torch import save as st_save
 
 import verify
-from verify.store import GoldenStore
+from verify.store import GoldenStore, hash_bytes
 
 from helpers import REPO, Service, run_cli, write_cases
 
@@ -33,14 +32,14 @@ def blob(value: float = 1.0) -> bytes:
 
 
 def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return hash_bytes(data)
 
 
 KEY = "ab" * 32
 
 
 def put(url, key, data, token="t0ken", announced=None):
-    headers = {"X-Content-SHA256": announced or sha(data), "X-Golden-Meta": json.dumps({"op": "t"})}
+    headers = {"X-Content-BLAKE3": announced or sha(data), "X-Golden-Meta": json.dumps({"op": "t"})}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return httpx.put(f"{url}/v1/goldens/{key}", content=data, headers=headers, timeout=30)
@@ -52,7 +51,7 @@ def test_round_trip_and_read_endpoints(service):
     assert put(service.url, KEY, data).status_code == 200  # already there
     got = httpx.get(f"{service.url}/v1/goldens/{KEY}")
     assert got.status_code == 200 and got.content == data
-    assert got.headers["x-content-sha256"] == sha(data)
+    assert got.headers["x-content-blake3"] == sha(data)
     head = httpx.head(f"{service.url}/v1/goldens/{KEY}")
     assert head.status_code == 200 and head.headers["content-length"] == str(len(data))
     assert httpx.get(f"{service.url}/v1/goldens/{'cd' * 32}").status_code == 404
@@ -89,7 +88,7 @@ def test_oversized_bodies_are_413_and_bad_hashes_400(service):
         for _ in range(3):
             yield b"\0" * (1 << 19)
     r = httpx.put(f"{service.url}/v1/goldens/{KEY}", content=chunked(),
-                  headers={"Authorization": "Bearer t0ken", "X-Content-SHA256": "0" * 64})
+                  headers={"Authorization": "Bearer t0ken", "X-Content-BLAKE3": "0" * 64})
     assert r.status_code == 413
     assert put(service.url, KEY, blob(), announced="0" * 64).status_code == 400
     assert put(service.url, KEY, b"not a safetensors file").status_code == 400
@@ -164,7 +163,7 @@ def test_graceful_shutdown_finishes_an_upload_in_flight(tmp_path):
     def upload():
         result["status"] = httpx.put(
             f"{svc.url}/v1/goldens/{KEY}", content=slow(), timeout=60,
-            headers={"Authorization": "Bearer t0ken", "X-Content-SHA256": sha(data),
+            headers={"Authorization": "Bearer t0ken", "X-Content-BLAKE3": sha(data),
                      "Content-Length": str(len(data))}).status_code
 
     t = threading.Thread(target=upload)
@@ -186,7 +185,7 @@ def test_corrupt_blob_is_detected_recomputed_and_replaced(tmp_path):
     assert {r["golden_source"] for r in first.rows if r.get("golden_source")} == {"computed"}
     store = GoldenStore(store_dir)
     victim = store.entries()[0]
-    path = store.blob_path(victim.sha256)
+    path = store.blob_path(victim.digest)
     raw = bytearray(path.read_bytes())
     raw[-3] ^= 0xFF  # one flipped byte in the tensor data
     path.write_bytes(bytes(raw))
@@ -196,7 +195,7 @@ def test_corrupt_blob_is_detected_recomputed_and_replaced(tmp_path):
     assert sources[victim.case_id] == "computed"
     assert sum(s == "computed" for s in sources.values()) == 1
     assert again.exit_status == 0 and store.check() == []
-    truncated = store.blob_path(store.entries()[1].sha256)
+    truncated = store.blob_path(store.entries()[1].digest)
     truncated.write_bytes(truncated.read_bytes()[:100])
     out = run_cli("golden", "check", "--store", store_dir)
     assert out.returncode == 1 and "1 corrupt" in out.stdout
@@ -204,7 +203,7 @@ def test_corrupt_blob_is_detected_recomputed_and_replaced(tmp_path):
 
 WRITER = """
 import sys, time
-from verify.store import GoldenStore
+from verify.store import GoldenStore, hash_bytes
 store = GoldenStore(sys.argv[1])
 with store.writer("{key}") as w:
     w.write(b"x" * 1000)

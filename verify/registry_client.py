@@ -1,7 +1,7 @@
 """Client of the golden registry service (``verify serve``), over HTTP with httpx.
 
 Downloads stream into the local store, hash-checked against the service's
-``X-Content-SHA256``; uploads stream from the local blob with the hash announced up front.
+``X-Content-BLAKE3``; uploads stream from the local blob with the hash announced up front.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import httpx
 
 from .store import GoldenStore
 
-HASH_HEADER = "X-Content-SHA256"
+HASH_HEADER = "X-Content-BLAKE3"
 META_HEADER = "X-Golden-Meta"
 CHUNK = 1 << 20
 
@@ -69,7 +69,7 @@ class RegistryClient:
         if got is None:
             raise KeyError(key)
         entry, chunks = got
-        headers = {HASH_HEADER: entry.sha256, META_HEADER: json.dumps(entry.meta),
+        headers = {HASH_HEADER: entry.digest, META_HEADER: json.dumps(entry.meta),
                    "Content-Length": str(entry.size)}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

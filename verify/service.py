@@ -1,8 +1,8 @@
 """The golden registry as an HTTP service (FastAPI under uvicorn): ``verify serve``.
 
-    GET  /v1/goldens/{key}   the blob, streamed, with X-Content-SHA256 and X-Golden-Meta
+    GET  /v1/goldens/{key}   the blob, streamed, with X-Content-BLAKE3 and X-Golden-Meta
     HEAD /v1/goldens/{key}   the same headers, no body
-    PUT  /v1/goldens/{key}   upload (bearer token); checked against X-Content-SHA256
+    PUT  /v1/goldens/{key}   upload (bearer token); checked against X-Content-BLAKE3
     GET  /v1/goldens         list, paged (?offset=&limit=)
     GET  /v1/stats           counts and bytes stored, requests served
     GET  /healthz            liveness
@@ -15,7 +15,6 @@ when complete and hash-checked, so a stopped server never leaves a partial golde
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -28,7 +27,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .registry_client import HASH_HEADER, META_HEADER
-from .store import GoldenStore, HashMismatch, valid_key
+from .store import GoldenStore, HashMismatch, new_hasher, valid_key
 
 log = logging.getLogger("verify.service")
 DEFAULT_MAX_BODY = 8 << 30  # 8 GiB: a [7168, 24576] AdamW golden is ~4 GiB
@@ -72,7 +71,7 @@ def create_app(store: GoldenStore, token: str | None = None,
         return None
 
     def headers_for(entry) -> dict:
-        return {HASH_HEADER: entry.sha256, META_HEADER: json.dumps(entry.meta),
+        return {HASH_HEADER: entry.digest, META_HEADER: json.dumps(entry.meta),
                 "Content-Length": str(entry.size), "Content-Type": "application/octet-stream"}
 
     @app.get("/healthz")
@@ -94,7 +93,7 @@ def create_app(store: GoldenStore, token: str | None = None,
         if (err := bad_key(key)) is not None:
             return err
         entry = store.entry(key)
-        if entry is None or not store.blob_path(entry.sha256).exists():
+        if entry is None or not store.blob_path(entry.digest).exists():
             return Response(status_code=404)
         return Response(status_code=200, headers=headers_for(entry))
 
@@ -111,13 +110,13 @@ def create_app(store: GoldenStore, token: str | None = None,
         def checked():
             # hashed on the way out: a blob found corrupt is dropped from the store (the
             # client, which checks the same hash, discards what it received)
-            h = hashlib.sha256()
+            h = new_hasher()
             for chunk in chunks:
                 h.update(chunk)
                 yield chunk
             counters.add("reads")
             counters.add("read_bytes", entry.size)
-            if h.hexdigest() != entry.sha256:
+            if h.hexdigest() != entry.digest:
                 counters.add("corrupt_reads")
                 log.warning("golden %s: stored blob is corrupt; removed", key[:12])
                 store.remove(key, drop_blob=True)
@@ -134,8 +133,10 @@ def create_app(store: GoldenStore, token: str | None = None,
             return err
         announced = request.headers.get(HASH_HEADER, "").lower()
         if not valid_key(announced):
-            return _error(400, f"{HASH_HEADER} must carry the body's sha256")
+            return _error(400, f"{HASH_HEADER} must carry the body's BLAKE3 digest (64 hex)")
         length = request.headers.get("content-length")
+        if length is not None and not length.isdigit():
+            return _error(400, "Content-Length must be a number")
         if length is not None and int(length) > max_body:
             counters.add("rejected_writes")
             return _error(413, f"body of {length} bytes is over the limit of {max_body}")
@@ -156,7 +157,7 @@ def create_app(store: GoldenStore, token: str | None = None,
             counters.add("rejected_writes")
             return _error(400, str(exc))
         counters.add("writes")
-        return JSONResponse({"key": key, "sha256": entry.sha256, "size": entry.size},
+        return JSONResponse({"key": key, "digest": entry.digest, "size": entry.size},
                             status_code=200 if existed else 201)
 
     return app
