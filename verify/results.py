@@ -204,6 +204,12 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
     if mutants:
         caught = sum(m["caught"] for m in mutants)
         line += f"; mutants caught {caught}/{len(mutants)}"
+    sources: dict[str, set] = {}
+    for r in rows:
+        if r.get("golden_source"):
+            sources.setdefault(r["golden_source"], set()).add((r["op"], r["case_id"]))
+    if sources:
+        line += "; goldens " + ", ".join(f"{len(v)} {k}" for k, v in sorted(sources.items()))
     if run_dir is not None:
         line += f"; reports in {run_dir}"
     console.print(line)
