@@ -1,7 +1,9 @@
 """``verify.run``: the whole flow in-process, without pytest, returning the rows."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +34,29 @@ class RunResult:
         return results.summary_text(self.rows, self.run_dir)
 
 
+@contextlib.contextmanager
+def _progress(total: int):
+    """A rich progress bar on an interactive stderr; nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield lambda op: None
+        return
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("verify", total=total)
+        first = [True]
+
+        def advance(op: str) -> None:
+            if not first[0]:
+                bar.advance(task)
+            first[0] = False
+            bar.update(task, description=f"verify {op}")
+
+        yield advance
+
+
 def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = None,
         backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
         cases: str | None = None, kernels: Sequence[str] = (),
@@ -46,8 +71,10 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         kernel_modules=list(kernels)))
     golden_source.configure(store, registry, registry_required)
     rows: list[dict] = []
-    for case, kern in plan.items:
-        rows.extend(runner.run_case(case, kern))
+    with _progress(len(plan.items)) as advance:
+        for case, kern in plan.items:
+            advance(case.op)
+            rows.extend(runner.run_case(case, kern))
     run_dir = None
     if reports is not False:
         base = Path(reports) if reports else Path(os.environ.get("VERIFY_REPORTS", "reports"))

@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--reports", default=None, help="report folder (default reports/)")
     run.add_argument("--run-id", default=None, help="name of this run's report folder")
     run.add_argument("-v", "--verbose", action="store_true", help="one line per item")
+    run.add_argument("--progress-every", type=float, default=10.0,
+                     help="seconds between progress lines (cases done and left, op, elapsed)")
     _add_store(run, registry_too=True)
 
     ls = sub.add_parser("ops", help="list the registered ops, their kernels and standards")
@@ -66,6 +68,17 @@ def _parser() -> argparse.ArgumentParser:
                           "none: read-only)")
     srv.add_argument("--max-body-mb", type=int, default=8192,
                      help="largest upload accepted, in MiB (default 8192)")
+
+    rep = sub.add_parser("report", help="rebuild a run's HTML, CSV and JUnit from results.json")
+    rep.add_argument("run_dir", help="a run's report folder (reports/<run-id>)")
+
+    dif = sub.add_parser("diff", help="compare two runs; exit 1 when anything regressed")
+    dif.add_argument("run_a", help="the earlier run's folder")
+    dif.add_argument("run_b", help="the later run's folder")
+    dif.add_argument("--factor", type=float, default=2.0,
+                     help="a metric worse by more than this factor is a regression (2)")
+    dif.add_argument("--html", default=None,
+                     help="where to write the HTML page (default RUN_B/diff-<run_a>.html)")
 
     golden = sub.add_parser("golden", help="manage the golden store")
     gsub = golden.add_subparsers(dest="golden_command", required=True)
@@ -99,6 +112,7 @@ def _pytest_args(a) -> list[str]:
             args.append(f"{flag}={value}")
     if a.keyword:
         args += ["-k", a.keyword]
+    args.append(f"--progress-every={a.progress_every}")
     if a.registry_required:
         args.append("--registry-required")
     if a.workers and a.workers not in ("0", "1"):
@@ -141,6 +155,34 @@ def cmd_serve(a) -> int:
     serve(a.store or default_store_dir(), host=a.host, port=a.port, token=a.token,
           max_body=a.max_body_mb << 20)
     return 0
+
+
+def cmd_report(a) -> int:
+    from . import results
+
+    rows, meta = results.load(a.run_dir)
+    results.write_views(rows, a.run_dir, meta)
+    print(results.summary_text(rows, a.run_dir, width=_width()), end="")
+    print(f"rebuilt {a.run_dir}/report.html, results.csv, junit.xml, diff_tables.txt")
+    return 0
+
+
+def cmd_diff(a) -> int:
+    from pathlib import Path
+
+    from .report import rundiff
+
+    d = rundiff.compare_runs(a.run_a, a.run_b, a.factor)
+    print(rundiff.terminal(d, width=_width()), end="")
+    html = Path(a.html or Path(a.run_b) / f"diff-{Path(a.run_a).name}.html")
+    rundiff.write_html(d, html)
+    print(f"HTML: {html}")
+    return 1 if d.regressed else 0
+
+
+def _width() -> int:
+    import shutil
+    return max(100, shutil.get_terminal_size((160, 40)).columns)
 
 
 def _human(n: int) -> str:
@@ -231,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "golden":
             return cmd_golden(args)
+        if args.command == "report":
+            return cmd_report(args)
+        if args.command == "diff":
+            return cmd_diff(args)
         return cmd_ops(args)
     except ConfigError as exc:
         print(f"verify: error: {exc}", file=sys.stderr)

@@ -25,6 +25,9 @@ class Verdict:
     dtype: str
     metrics: Metrics
     floor: Metrics | None
+    margin: float = float("nan")        # deciding metric / threshold (>= 1 fails)
+    floor_margin: float = float("nan")  # the same for the correctly rounded golden
+    spec: dict | None = None            # the standard with its params
 
     @property
     def passed(self) -> bool:
@@ -69,16 +72,19 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
         m = exact_metrics(actual, golden)
         ok, reason = standards.judge("exact", m, out_dtype)
         return Verdict("PASS" if ok else "FAIL", "exact", reason, "", dt.name_of(out_dtype),
-                       m, None)
+                       m, None, standards.margin("exact", m, out_dtype), float("nan"),
+                       {"name": "exact"})
     name = spec["name"]
     m, f = measure_pair(actual, golden, out_dtype, atol=spec.get("atol"),
                         rtol=spec.get("rtol"), floor=floor)
     ok, reason = standards.judge(name, m, out_dtype, spec)
     warning = ""
+    floor_margin = float("nan")
     if f is not None:
         floor_ok, floor_reason = standards.judge(name, f, out_dtype, spec)
+        floor_margin = standards.margin(name, f, out_dtype, spec)
         if not floor_ok:
             warning = (f"{name} cannot be met even by the correctly rounded golden "
                        f"({floor_reason})")
     return Verdict("PASS" if ok else "FAIL", name, reason, warning, dt.name_of(out_dtype),
-                   m, f)
+                   m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec)

@@ -41,8 +41,8 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 # accumulator slots
 (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, MAX_REL_CANN, ARG_REL, MAX_ABS, ARG_ABS, SUM_SQ,
  DOT, AA, GG, N_GT, N_LT, SUM_EB, MAX_ULP, SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD,
- N_OK_1E2, N_OK_1E3, N_OK_1E4, N_REL_BAD, N_V2, N_CASE, MAX_REL, N_ZERO_G_BAD,
- N_SLOTS) = range(30)
+ N_OK_1E2, N_OK_1E3, N_OK_1E4, N_REL_BAD, N_V2, N_CASE, MAX_REL, N_ZERO_G_BAD, MAX_TOL,
+ N_SLOTS) = range(31)
 
 # constants slots
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
@@ -88,7 +88,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     abs_rtol = c[C_ABS_RTOL]
     n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
     n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
-    ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = 0.0
+    ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
     for j in range(lo, hi):
         i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
         ab = np.int64(abits[i])
@@ -147,7 +147,9 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
         ok4 += sm * within_atol + big * (1.0 if d < 1e-4 * denom else 0.0)
         n_rel_bad += big * (1.0 if d > abs_rtol * denom else 0.0)
         n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
-        n_case += f * (1.0 if d <= atol + rtol * ag else 0.0)
+        allowed = atol + rtol * ag
+        n_case += f * (1.0 if d <= allowed else 0.0)
+        m_tol = _fmax(m_tol, d / _fmax(allowed, 1e-300))
     out[N] = n
     out[NONFINITE_BAD] = bad
     out[SPECIAL_EQ] = same
@@ -175,6 +177,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     out[N_CASE] = n_case
     out[MAX_REL] = m_pr
     out[N_ZERO_G_BAD] = zero_bad
+    out[MAX_TOL] = m_tol
     out[ARG_ABS] = -1.0
     out[ARG_REL] = -1.0
 
@@ -210,7 +213,7 @@ def _argmax_in(a, g, lo, hi, eps_cann):
 _SUMS = (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, SUM_SQ, DOT, AA, GG, N_GT, N_LT, SUM_EB,
          SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD, N_OK_1E2, N_OK_1E3, N_OK_1E4,
          N_REL_BAD, N_V2, N_CASE, N_ZERO_G_BAD)
-_MAXES = (MAX_ABS, MAX_REL_CANN, MAX_ULP, MAX_REL)
+_MAXES = (MAX_ABS, MAX_REL_CANN, MAX_ULP, MAX_REL, MAX_TOL)
 
 
 def _combine(parts: np.ndarray) -> np.ndarray:
@@ -252,6 +255,7 @@ class Metrics:
     ten_thousandth: float
     v2_match_ratio: float
     allclose_mismatch: int
+    tol_ratio: float  # max of d / (atol + rtol|g|): allclose passes when <= 1
     atol: float
     rtol: float
     argmax_abs: int
@@ -298,6 +302,7 @@ def _finish(acc: np.ndarray, atol: float, rtol: float) -> Metrics:
         ten_thousandth=float(acc[N_OK_1E4] / nn) if n else 1.0,
         v2_match_ratio=float(acc[N_V2] / nn) if n else 1.0,
         allclose_mismatch=int(n - acc[N_CASE] + acc[NONFINITE_BAD]),
+        tol_ratio=float(acc[MAX_TOL]),
         atol=atol,
         rtol=rtol,
         argmax_abs=int(acc[ARG_ABS]),
@@ -413,7 +418,8 @@ def exact_metrics(actual: torch.Tensor, golden: torch.Tensor) -> Metrics:
                    ulp_gt1_ratio=0.0, ulp_gt32_ratio=0.0, small_count=0,
                    small_err_ratio=0.0, rel_err_ratio=0.0, hundredth=ratio,
                    thousandth=ratio, ten_thousandth=ratio, v2_match_ratio=ratio,
-                   allclose_mismatch=wrong, atol=0.0, rtol=0.0, argmax_abs=arg,
+                   allclose_mismatch=wrong, tol_ratio=float(wrong > 0) * max_abs,
+                   atol=0.0, rtol=0.0, argmax_abs=arg,
                    argmax_rel=arg)
 
 

@@ -8,6 +8,7 @@ controller, which writes one merged report and the terminal summary.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,9 @@ def pytest_addoption(parser):
     g.addoption("--registry", default=None, help="golden registry URL (or VERIFY_REGISTRY)")
     g.addoption("--registry-required", action="store_true", default=False,
                 help="a usage error when the registry cannot be reached")
+    g.addoption("--progress-every", type=float, default=10.0,
+                help="seconds between progress lines (cases done and left, op, elapsed); "
+                     "0: none")
 
 
 def _active(config) -> bool:
@@ -59,6 +63,7 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config._verify_rows = []
     if not hasattr(config, "workerinput"):
+        _PROGRESS[:] = [_Progress(config)]
         config._verify_run_id = config.getoption("--run-id") or results.new_run_id()
         reports = config.getoption("--reports") or os.environ.get("VERIFY_REPORTS", "reports")
         config._verify_run_dir = Path(reports) / config._verify_run_id
@@ -142,14 +147,47 @@ def pytest_collection_modifyitems(session, config, items):
     items[:] = new_items
 
 
+class _Progress:
+    """A line every few seconds through pytest's terminal writer (xdist-safe: the
+    controller sees every worker's reports)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.every = config.getoption("--progress-every")
+        self.total = len(config._verify_plan.items)
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def item_done(self, nodeid: str) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.every <= 0 or now - self.last < self.every or self.done == self.total:
+            return
+        self.last = now
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        op = nodeid.split("::")[-1].split("[")[0]
+        elapsed = int(now - self.start)
+        line = (f"verify: {self.done}/{self.total} cases done, {self.total - self.done} "
+                f"left, now {op}, {elapsed // 60}:{elapsed % 60:02d} elapsed")
+        if tr._tw.width_of_current_line:  # after pytest's dots: start a line of our own
+            tr.write("\n")
+        tr.write_line(line)
+
+
 def pytest_runtest_logreport(report):
     # runs on the controller for every worker's report (and in a run without xdist)
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        if _PROGRESS:
+            _PROGRESS[0].item_done(report.nodeid)
     for key, value in getattr(report, "user_properties", ()):
         if key == _ROWS_KEY and report.when == "call":
             _ROWS.extend(value)
 
 
 _ROWS: list[dict] = []
+_PROGRESS: list[_Progress] = []  # the controller's, made in pytest_configure below
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -158,6 +196,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     rows = list(_ROWS)
     _ROWS.clear()
+    _PROGRESS.clear()
     config._verify_rows = rows
     if not rows:
         return

@@ -25,12 +25,13 @@ FLOOR_COLUMNS = [f"floor_{k}" for k in
                  ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")]
 COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "output",
             "out_dtype", "shape", "steps", "verdict", "expected", "standard", "reason",
-            "warning"]
+            "warning", "margin", "floor_margin"]
            + [m for m in Metrics.names()]
            + FLOOR_COLUMNS
            + ["golden_source", "golden_s", "kernel_s", "seed", "params", "tags",
               "inputs_sha", "file"])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
+JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 
 
 def new_run_id() -> str:
@@ -49,7 +50,7 @@ def frame(rows: list[dict]) -> pd.DataFrame:
 def _clean(v):
     if isinstance(v, float):
         if math.isnan(v):
-            return None
+            return "nan"
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
     if isinstance(v, dict):
@@ -100,35 +101,96 @@ def exit_status(rows: list[dict]) -> int:
     return 0
 
 
-def environment(argv: list[str] | None = None) -> dict:
-    import numpy
-    import torch
-    env = {"python": platform.python_version(), "platform": platform.platform(),
-           "torch": torch.__version__, "numpy": numpy.__version__,
-           "command": " ".join(argv if argv is not None else sys.argv)}
+def _version(dist: str) -> str:
+    from importlib import metadata
     try:
-        import subprocess
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _device() -> str:
+    import torch
+    if torch.cuda.is_available():
+        return f"cuda: {torch.cuda.get_device_name(0)} (x{torch.cuda.device_count()})"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        model = platform.processor()
+    return f"cpu: {model or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def environment(argv: list[str] | None = None) -> dict:
+    """What the report's environment section shows (versions without importing extras)."""
+    import subprocess
+    env = {"command": " ".join(argv if argv is not None else sys.argv),
+           "python": platform.python_version(), "platform": platform.platform(),
+           "torch": _version("torch"), "triton": _version("triton"),
+           "torch_npu": _version("torch-npu"), "numpy": _version("numpy"),
+           "numba": _version("numba"), "kernel-verify": _version("kernel-verify"),
+           "device": _device()}
+    try:
         env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                            text=True, timeout=5).stdout.strip()
-    except Exception:
+    except (OSError, subprocess.SubprocessError):
         env["git_commit"] = ""
+    env["time"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
     return env
 
 
 def write(rows: list[dict], run_dir: str | Path, meta: dict | None = None) -> Path:
-    """Write results.csv, results.json and diff_tables.txt into ``run_dir``."""
+    """Write results.json, then every view of it (``write_views``), into ``run_dir``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    df = frame(rows)
-    csv_cols = [c for c in df.columns if c not in ("step_metrics", "diff_table")]
-    df[csv_cols].to_csv(run_dir / "results.csv", index=False)
     doc = {"meta": {**(meta or {}), "counts": counts(rows)},
            "mutants": mutant_summary(rows), "rows": _clean(rows)}
     tmp = run_dir / "results.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
+    tmp.write_text(json.dumps(doc, separators=(",", ":"), allow_nan=False))
     os.replace(tmp, run_dir / "results.json")
-    (run_dir / "diff_tables.txt").write_text(diff_tables_text(rows))
+    write_views(rows, run_dir, doc["meta"])
     return run_dir
+
+
+def load(run_dir: str | Path) -> tuple[list[dict], dict]:
+    """Rows and meta of a run's results.json (NaN and inf, written as strings, restored)."""
+    path = Path(run_dir) / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        from .errors import ConfigError
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except ValueError as exc:
+        from .errors import ConfigError
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    return [_restore(r) for r in doc.get("rows", [])], doc.get("meta", {})
+
+
+def _restore(v):
+    if v == "nan":
+        return math.nan
+    if v == "inf":
+        return math.inf
+    if v == "-inf":
+        return -math.inf
+    if isinstance(v, dict):
+        return {k: _restore(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_restore(x) for x in v]
+    return v
+
+
+def write_views(rows: list[dict], run_dir: str | Path, meta: dict) -> None:
+    """results.csv, diff_tables.txt, junit.xml and report.html, all from the rows."""
+    from .report import html, junit
+
+    run_dir = Path(run_dir)
+    df = frame(rows)
+    csv_cols = [c for c in df.columns if c not in JSON_ONLY]
+    df[csv_cols].to_csv(run_dir / "results.csv", index=False)
+    (run_dir / "diff_tables.txt").write_text(diff_tables_text(rows))
+    junit.write(rows, run_dir / "junit.xml")
+    html.write(rows, meta, run_dir)
 
 
 def _fmt(v, digits=3) -> str:

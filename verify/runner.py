@@ -18,11 +18,13 @@ from . import registry
 from .cases import Case
 from .compare import compare, resolve_standard
 from .difftable import worst_elements
-from . import golden_source
+from . import golden_source, plotdata
 from .metrics import Metrics
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 DIFF_ROWS = 10
+PLOT_MARGIN = 0.1       # outputs this close to failing get a heat map too
+CHEAP_PLOT = 1 << 20    # outputs this small always get a histogram
 
 
 def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> dict:
@@ -185,12 +187,13 @@ def _judge_output(row, spec, case, out_name, out_dtype, j, k_steps, g_steps, las
     if case.steps > 1 and failing:
         reason = f"step {s_final + 1}/{case.steps}: {reason}"
     row.update(verdict=decisive.verdict, standard=decisive.standard, reason=reason,
-               warning=final.warning)
+               warning=final.warning, margin=decisive.margin, floor_margin=final.floor_margin)
     row.update(final.metrics.as_dict())
     if final.floor is not None:
         row.update({f"floor_{k}": getattr(final.floor, k) for k in FLOOR_FIELDS})
     if case.steps > 1:
         row["step_metrics"] = per_step
+    _plot_data(row, k_steps[s_final][j], g_steps[s_final][j], out_dtype, decisive)
     if failing:
         s = s_final
         row["diff_table"] = worst_elements(
@@ -198,6 +201,21 @@ def _judge_output(row, spec, case, out_name, out_dtype, j, k_steps, g_steps, las
             k=DIFF_ROWS, atol=decisive.metrics.atol if std["name"] == "allclose" else None,
             rtol=decisive.metrics.rtol if std["name"] == "allclose" else None)
     return row
+
+
+def _plot_data(row, actual, golden, out_dtype, verdict) -> None:
+    """Histogram and heat map for the report: failing and near-failing outputs, and the
+    histogram of every small one (so a report can rank and show the worst)."""
+    if not out_dtype.is_floating_point:
+        return
+    near = not verdict.passed or not (verdict.margin < PLOT_MARGIN)
+    if near or actual.numel() <= CHEAP_PLOT:
+        row["histogram"] = plotdata.histogram(actual, golden, out_dtype)
+    if near:
+        allclose = verdict.standard == "allclose"
+        row["heatmap"] = plotdata.heatmap(actual, golden,
+                                          verdict.metrics.atol if allclose else None,
+                                          verdict.metrics.rtol if allclose else None)
 
 
 def metric_columns() -> list[str]:

@@ -123,6 +123,44 @@ def exact(m: Metrics, dtype, spec):
     return True, "all elements equal"
 
 
+def _margin(name: str, m: Metrics, dtype: torch.dtype, spec: dict) -> float:
+    tr = dt.traits(dtype) if dtype.is_floating_point else None
+    if name == "cann_v1":
+        t = float(spec.get("threshold", tr.cann_v1_threshold))
+        return max(m.mere / t, m.mare / (10 * t))
+    if name == "cann_v2":
+        ratio = float(spec.get("ratio", 0.99))
+        limit = float(spec.get("limit", tr.v2_max_abs))
+        share = (1.0 - m.v2_match_ratio) / max(1.0 - ratio, 1e-12)
+        return max(share, min(m.max_abs / limit, m.ulp_max / 32))
+    if name == "allclose":
+        return m.tol_ratio
+    if name in ("hundredth", "thousandth", "ten_thousandth"):
+        t = {"hundredth": 1e-2, "thousandth": 1e-3, "ten_thousandth": 1e-4}[name]
+        need = float(spec.get("ratio", 1.0 - t))
+        return (1.0 - getattr(m, name)) / max(1.0 - need, 1e-12)
+    if name == "ulp":
+        if dtype in (torch.float16, torch.bfloat16):
+            return m.ulp_gt1_ratio / 0.001
+        return min(m.ulp_mean / 64, m.ulp_gt32_ratio / 0.05)
+    if name == "abs_threshold":
+        bad = max(m.rel_err_ratio, m.small_err_ratio)
+        return 1.0 + bad if bad > 0 else m.max_rel / tr.abs_threshold_rtol
+    if name == "cosine":
+        return (1.0 - m.cosine) / max(1.0 - float(spec.get("min", 0.99)), 1e-12)
+    if name == "exact":
+        return float(m.allclose_mismatch > 0)
+    return float("nan")
+
+
+def margin(name: str, m: Metrics, dtype: torch.dtype, spec: dict | None = None) -> float:
+    """How close to failing: the deciding metric over its threshold (>= 1 fails; for
+    abs_threshold an estimate below 1). Ranks the worst outputs of a run."""
+    if m.nan_inf_mismatch:
+        return float("inf")
+    return float(_margin(name, m, dtype, spec or {}))
+
+
 def judge(name: str, m: Metrics, dtype: torch.dtype, spec: dict | None = None):
     """Apply a standard; NaN / Inf in different places fails every standard."""
     spec = spec or {}

@@ -1,0 +1,85 @@
+"""Compact plot data for an output, computed at run time and kept in results.json, so a
+report can be rebuilt (``verify report``) without the tensors.
+
+- histogram: counts of log10 of the CANN relative error d / (|g| + 1e-7), for the kernel
+  and for the error floor (the golden rounded to the output dtype), on fixed bins;
+- heat map: for outputs of 2 or more dims (leading dims flattened), the largest error in
+  each cell of a grid of at most GRID x GRID cells: where in the tensor the error sits.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+BIN_LO, BIN_HI, BINS_PER_DECADE = -12, 3, 4
+EDGES = [BIN_LO + i / BINS_PER_DECADE for i in range((BIN_HI - BIN_LO) * BINS_PER_DECADE + 1)]
+GRID = 32
+CHUNK = 1 << 22
+
+
+def _error(a: torch.Tensor, g: torch.Tensor, atol=None, rtol=None) -> torch.Tensor:
+    """d / (|g| + 1e-7), or d / (atol + rtol|g|); misplaced NaN / Inf are inf, the same
+    NaN or Inf in the same place is no error."""
+    a64 = a.to(torch.float64)
+    if atol is not None and rtol is not None:
+        denom = (atol + rtol * g.abs()).clamp_min(1e-300)
+    else:
+        denom = g.abs() + 1e-7
+    err = (a64 - g).abs() / denom
+    bad = (a64.isnan() != g.isnan()) | ((a64.isinf() | g.isinf()) & (a64 != g))
+    err = torch.where(bad, torch.full_like(err, math.inf), err)
+    return torch.nan_to_num(err, nan=0.0)
+
+
+def _rel(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return _error(a, g)
+
+
+def histogram(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) -> dict:
+    """Counts per bin of log10(rel error) on EDGES; 'zero' counts exact elements, 'under' /
+    'over' those below / above the bins (misplaced NaN / Inf count as over)."""
+    a = actual.detach().cpu().reshape(-1)
+    g = golden.detach().cpu().to(torch.float64).reshape(-1)
+    out = {}
+    for name, source in (("actual", a), ("floor", None)):
+        counts = torch.zeros(len(EDGES) - 1, dtype=torch.int64)
+        zero = under = over = 0
+        for start in range(0, g.numel(), CHUNK):
+            gc = g[start:start + CHUNK]
+            ac = source[start:start + CHUNK] if source is not None else gc.to(dtype)
+            lg = torch.log10(_rel(ac, gc))
+            zero += int(torch.isneginf(lg).sum())
+            finite = lg[torch.isfinite(lg)]
+            under += int((finite < BIN_LO).sum())
+            over += int((finite >= BIN_HI).sum()) + int(torch.isposinf(lg).sum())
+            inside = finite[(finite >= BIN_LO) & (finite < BIN_HI)]
+            idx = ((inside - BIN_LO) * BINS_PER_DECADE).floor().to(torch.int64)
+            counts += torch.bincount(idx, minlength=len(EDGES) - 1)
+        out[name] = {"counts": counts.tolist(), "zero": zero, "under": under, "over": over}
+    return out
+
+
+def heatmap(actual: torch.Tensor, golden: torch.Tensor, atol: float | None = None,
+            rtol: float | None = None) -> dict | None:
+    """Max error per cell: d / (atol + rtol|g|) under allclose, else the CANN relative
+    error. None for outputs of fewer than 2 dims."""
+    if actual.dim() < 2 or actual.numel() == 0:
+        return None
+    cols = actual.shape[-1]
+    a = actual.detach().cpu().reshape(-1, cols)
+    g = golden.detach().cpu().to(torch.float64).reshape(-1, cols)
+    rows = a.shape[0]
+    gr, gc = min(rows, GRID), min(cols, GRID)
+    grid = torch.zeros(gr, gc, dtype=torch.float64)
+    step = max(1, CHUNK // cols)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        err = _error(a[r0:r1], g[r0:r1], atol, rtol).clamp_max(1e300)
+        pooled = F.adaptive_max_pool1d(err.unsqueeze(0), gc).squeeze(0)  # rows x gc
+        bins = (torch.arange(r0, r1) * gr // rows).unsqueeze(1).expand(-1, gc)
+        grid.scatter_reduce_(0, bins, pooled, reduce="amax")
+    return {"rows": rows, "cols": cols, "grid": [[float(f"{v:.3g}") for v in row]
+                                                   for row in grid.tolist()],
+            "measure": "d/(atol+rtol|g|)" if atol is not None else "d/(|g|+1e-7)"}

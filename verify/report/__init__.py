@@ -1,0 +1,1 @@
+"""Reports people read: the HTML report, JUnit XML, and run-to-run diffs."""

@@ -1,0 +1,115 @@
+"""Plots of one output, as one inline PNG (matplotlib, Agg): self-contained, no network.
+
+One figure per output (error histogram with the standard's thresholds, heat map of where
+the error sits, error per step) costs one layout and one render, which is what keeps a
+report with dozens of failing outputs fast to build.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
+
+from .. import dtypes as dt  # noqa: E402
+from ..plotdata import EDGES  # noqa: E402
+
+plt.rcParams.update({"font.size": 8})
+DPI = 96
+
+
+def thresholds(row: dict) -> list[tuple[float, str]]:
+    """Relative-error lines of the deciding standard, for the histogram."""
+    std, dtype = row.get("standard"), row.get("out_dtype")
+    try:
+        tr = dt.traits(dt.to_torch(dtype))
+    except (KeyError, TypeError):
+        return []
+    if std == "cann_v1":
+        return [(tr.cann_v1_threshold, "T (MERE)"), (10 * tr.cann_v1_threshold, "10T (MARE)")]
+    if std == "allclose" and row.get("rtol"):
+        return [(float(row["rtol"]), "rtol")]
+    if std == "cann_v2":
+        return [(tr.v2_rtol, "v2 rtol")]
+    if std in ("hundredth", "thousandth", "ten_thousandth"):
+        return [({"hundredth": 1e-2, "thousandth": 1e-3, "ten_thousandth": 1e-4}[std], std)]
+    if std == "abs_threshold":
+        return [(tr.abs_threshold_rtol, "rtol")]
+    return []
+
+
+def _histogram(ax, row: dict, data: dict) -> None:
+    edges = np.asarray(EDGES)
+    for name, color, label in (("floor", "#9aa5b1", "error floor (golden rounded)"),
+                               ("actual", "#d9480f", "kernel")):
+        ax.stairs(data[name]["counts"], edges, fill=name == "floor", color=color,
+                  alpha=0.6 if name == "floor" else 1.0, label=label, lw=1.2)
+    ax.set_yscale("symlog", linthresh=1)
+    for value, label in thresholds(row):
+        if value > 0:
+            ax.axvline(math.log10(value), color="#1c7ed6", ls="--", lw=1)
+            ax.annotate(label, (math.log10(value), 1), xycoords=("data", "axes fraction"),
+                        rotation=90, va="top", ha="right", fontsize=7, color="#1c7ed6")
+    a = data["actual"]
+    ax.set_title(f"relative error d/(|g|+1e-7): {a['zero']} exact, {a['under']} below "
+                 f"1e{EDGES[0]:.0f}, {a['over']} above 1e{EDGES[-1]:.0f}", fontsize=8)
+    ax.set_xlabel("log10 relative error")
+    ax.set_ylabel("elements")
+    ax.legend(fontsize=7, loc="upper left")
+
+
+def _heatmap(fig, ax, data: dict) -> None:
+    grid = np.maximum(np.asarray(data["grid"], dtype=float), 1e-30)
+    hi = float(grid.max())
+    lo = max(float(grid.min()), hi * 1e-12, 1e-30)
+    im = ax.imshow(grid, aspect="auto", cmap="magma", interpolation="nearest",
+                   norm=LogNorm(vmin=lo, vmax=max(hi, lo * 10)),
+                   extent=(0, data["cols"], data["rows"], 0))
+    fig.colorbar(im, ax=ax, label=f"max {data['measure']}")
+    ax.set_xlabel("last dim")
+    ax.set_ylabel("rows (leading dims flattened)")
+    ax.set_title("where the error sits", fontsize=8)
+
+
+def _steps(ax, steps: list[dict]) -> None:
+    x = [s["step"] for s in steps]
+    for key, color in (("max_abs", "#d9480f"), ("rmse", "#1c7ed6"), ("mare", "#2b8a3e")):
+        ys = [s[key] if isinstance(s.get(key), (int, float)) and s[key] > 0 else np.nan
+              for s in steps]
+        if not all(np.isnan(ys)):
+            ax.plot(x, ys, marker="o", ms=3, color=color, label=key)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_title("error per step", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def figure(row: dict) -> str | None:
+    """The plots of one output as a data: URI of a PNG; None when there is nothing to plot."""
+    hist, heat = row.get("histogram"), row.get("heatmap")
+    steps = row.get("step_metrics") if len(row.get("step_metrics") or []) > 1 else None
+    panels = [p for p, present in (("hist", hist), ("heat", heat), ("steps", steps)) if present]
+    if not panels:
+        return None
+    widths = {"hist": 5.2, "heat": 4.2, "steps": 4.2}
+    fig, axes = plt.subplots(1, len(panels), layout="constrained", squeeze=False,
+                             figsize=(sum(widths[p] for p in panels), 2.6),
+                             width_ratios=[widths[p] for p in panels])
+    for ax, panel in zip(axes[0], panels):
+        if panel == "hist":
+            _histogram(ax, row, hist)
+        elif panel == "heat":
+            _heatmap(fig, ax, heat)
+        else:
+            _steps(ax, steps)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
