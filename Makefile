@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_compare.py
 	$(BIN)/python benchmarks/bench_golden_memory.py
 	$(BIN)/python benchmarks/bench_registry.py
+	$(BIN)/python benchmarks/bench_report.py
 
 clean:
 	rm -rf $(VENV) reports/*/ build *.egg-info

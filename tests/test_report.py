@@ -159,3 +159,19 @@ def test_progress_lines_under_xdist(tmp_path):
     assert lines and re.match(r"verify: \d+/\d+ cases done, \d+ left, now lion, \d+:\d\d elapsed",
                               lines[0])
     assert "precision summary" in out.stdout
+
+
+def test_heat_map_points_at_a_tail_tile_bug():
+    import torch
+    from verify import plotdata
+    gen = torch.Generator().manual_seed(3)
+    golden = torch.randn(64, 1100, generator=gen, dtype=torch.float64)
+    actual = golden.float()
+    actual[:, 1024:] += 1e-3  # the last K tile is off
+    grid = torch.tensor(plotdata.heatmap(actual, golden, 1e-5, 1.3e-6)["grid"])
+    tail_cols = {int(c) for c in (torch.arange(1024, 1100) * grid.shape[1] // 1100)}
+    body = [c for c in range(grid.shape[1]) if c not in tail_cols]
+    assert grid[:, sorted(tail_cols)].min() > 10 * grid[:, body].max()
+    hist = plotdata.histogram(actual, golden, torch.float32)
+    start = plotdata.EDGES.index(-4.0)  # every tail element has rel >= 1e-3 / max|g| > 1e-4
+    assert sum(hist["actual"]["counts"][start:]) == 64 * 76

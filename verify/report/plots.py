@@ -67,9 +67,9 @@ def _histogram(ax, row: dict, data: dict) -> None:
 def _heatmap(fig, ax, data: dict) -> None:
     grid = np.maximum(np.asarray(data["grid"], dtype=float), 1e-30)
     hi = float(grid.max())
-    lo = max(float(grid.min()), hi * 1e-12, 1e-30)
+    lo = min(max(float(grid.min()), hi * 1e-12, 1e-30), hi / 10)  # uniform grids stay bright
     im = ax.imshow(grid, aspect="auto", cmap="magma", interpolation="nearest",
-                   norm=LogNorm(vmin=lo, vmax=max(hi, lo * 10)),
+                   norm=LogNorm(vmin=lo, vmax=hi),
                    extent=(0, data["cols"], data["rows"], 0))
     fig.colorbar(im, ax=ax, label=f"max {data['measure']}")
     ax.set_xlabel("last dim")
