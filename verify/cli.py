@@ -69,6 +69,18 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-body-mb", type=int, default=8192,
                      help="largest upload accepted, in MiB (default 8192)")
 
+    st = sub.add_parser("strategies", help="compare an op's implementation routes")
+    st.add_argument("op", help="op name or alias (gelu, attention, mean, ...)")
+    st.add_argument("--level", default="L0", help="level(s) of cases (default L0)")
+    st.add_argument("--cases", default=None, help="folder of case files (default test_cases/)")
+    st.add_argument("--dtype", action="append", default=[], help="only this dtype; repeatable")
+    st.add_argument("--repeats", type=int, default=5, help="timed calls per case (median)")
+    st.add_argument("--kernels", action="append", default=[],
+                    help="a module adding strategies (backend 'strategies'); repeatable")
+    st.add_argument("--reports", default=None, help="report folder (default reports/)")
+    st.add_argument("--run-id", default=None)
+    _add_store(st)
+
     rep = sub.add_parser("report", help="rebuild a run's HTML, CSV and JUnit from results.json")
     rep.add_argument("run_dir", help="a run's report folder (reports/<run-id>)")
 
@@ -180,6 +192,31 @@ def cmd_diff(a) -> int:
     return 1 if d.regressed else 0
 
 
+def cmd_strategies(a) -> int:
+    from pathlib import Path
+
+    import pandas as pd
+
+    from . import results, strategies
+
+    for module in a.kernels:
+        registry.load_user_module(module)
+    op_name = selection._expand_op_names([a.op])[0]
+    rows, comparison = strategies.run(op_name, a.level, a.cases, a.dtype or None, a.repeats,
+                                      a.store)
+    out = strategies.text(comparison, width=_width())
+    print(out, end="")
+    run_dir = Path(a.reports or os.environ.get("VERIFY_REPORTS", "reports")) / (
+        a.run_id or results.new_run_id())
+    meta = {"run_id": run_dir.name, "level": a.level, "strategies": comparison,
+            "environment": results.environment()}
+    results.write(rows, run_dir, meta)
+    pd.DataFrame(comparison["table"]).to_csv(run_dir / "strategies.csv", index=False)
+    (run_dir / "strategies.txt").write_text(out)
+    print(f"reports in {run_dir} (report.html, strategies.csv, strategies.txt)")
+    return 1 if any(r["verdict"] == "ERROR" for r in rows) else 0
+
+
 def _width() -> int:
     import shutil
     return max(100, shutil.get_terminal_size((160, 40)).columns)
@@ -275,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_golden(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "strategies":
+            return cmd_strategies(args)
         if args.command == "diff":
             return cmd_diff(args)
         return cmd_ops(args)

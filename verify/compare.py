@@ -88,3 +88,43 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
                        f"({floor_reason})")
     return Verdict("PASS" if ok else "FAIL", name, reason, warning, dt.name_of(out_dtype),
                    m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec)
+
+
+def compare_topk(actual: torch.Tensor, golden: torch.Tensor, scores: torch.Tensor,
+                 tie_rtol: float = 1e-6) -> Verdict:
+    """Top-k index rows compared as sets: an expert the kernel chose instead of the
+    golden's passes only when its golden score ties the k-th best score (within
+    ``tie_rtol``), since tied experts may come in either order. A wrong expert FAILs and
+    the reason names the row."""
+    a = actual.detach().cpu().reshape(-1, actual.shape[-1]).to(torch.int64)
+    g = golden.detach().cpu().reshape(-1, golden.shape[-1]).to(torch.int64)
+    s = scores.detach().cpu().reshape(-1, scores.shape[-1]).to(torch.float64)
+    bad_rows, first = 0, ""
+    n_experts = s.shape[-1]
+    for row in range(a.shape[0]):
+        got, want = a[row].tolist(), g[row].tolist()
+        if set(got) == set(want) and len(set(got)) == len(got):
+            continue
+        problem = ""
+        if any(i < 0 or i >= n_experts for i in got) or len(set(got)) != len(got):
+            problem = f"indices {got} are not {len(want)} distinct experts of {n_experts}"
+        else:
+            kth = float(s[row, want].min())
+            tol = tie_rtol * max(abs(kth), 1e-30)
+            extra = [i for i in got if i not in want]
+            if any(abs(float(s[row, i]) - kth) > tol for i in extra):
+                e = extra[0]
+                problem = (f"expert {e} chosen (golden score {float(s[row, e]):.6g}) where the "
+                           f"golden's top-{len(want)} is {sorted(want)} (k-th score {kth:.6g})")
+        if problem:
+            bad_rows += 1
+            first = first or f"row {row}: {problem}"
+    n = a.shape[0]
+    m = exact_metrics(torch.zeros(n), torch.zeros(n))  # index rows: only the count matters
+    m.allclose_mismatch = bad_rows
+    m.tol_ratio = float(bad_rows)
+    ok = bad_rows == 0
+    reason = (f"top-{a.shape[-1]} sets match in all {n} rows (ties tolerated)" if ok
+              else f"{bad_rows}/{n} rows choose other experts; {first}")
+    return Verdict("PASS" if ok else "FAIL", "topk_set", reason, "", dt.name_of(actual.dtype),
+                   m, None, float(bad_rows), float("nan"), {"name": "topk_set"})

@@ -45,7 +45,7 @@ def golden_trajectory(spec: OpSpec, case: Case,
         outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
         out_steps.append(outs)
         for in_name, out_name in spec.feedback.items():
-            current[in_name] = outs[spec.output_names.index(out_name)]
+            current[in_name] = outs[spec.golden_output_names.index(out_name)]
     return out_steps
 
 
@@ -76,7 +76,9 @@ class GoldenResolver:
 
     def _read_local(self, spec: OpSpec, key: str):
         tensors = self.store.get_tensors(key)
-        return None if tensors is None else tensors_to_trajectory(tensors, spec.output_names)
+        if tensors is None:
+            return None
+        return tensors_to_trajectory(tensors, spec.golden_output_names)
 
     def get(self, spec: OpSpec, case: Case, first_inputs: dict | None = None) -> Golden:
         key = case.golden_key(spec.golden_version)
@@ -102,10 +104,11 @@ class GoldenResolver:
             traj = golden_trajectory(spec, case, first_inputs)
             seconds = time.perf_counter() - t1
             meta = {"op": spec.name, "case_id": case.id, "golden_version": spec.golden_version,
-                    "outputs": spec.output_names, "steps": case.steps,
+                    "outputs": spec.golden_output_names, "steps": case.steps,
                     "case": case.canonical()}
             try:
-                self.store.put_tensors(key, trajectory_to_tensors(traj, spec.output_names), meta)
+                self.store.put_tensors(
+                    key, trajectory_to_tensors(traj, spec.golden_output_names), meta)
             except OSError as exc:
                 log.warning("golden %s could not be stored: %s", key[:12], exc)
                 return Golden(traj, COMPUTED, seconds, key)

@@ -86,6 +86,18 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
     return out
 
 
+def resolve_dims(dist: Mapping, shapes: Mapping[str, tuple[int, ...]]) -> Mapping:
+    """A bound written as '<input>.<axis>' (ids below the rows of an embedding table)
+    becomes that input's size along that axis."""
+    out = dict(dist)
+    for key in ("low", "high"):
+        v = out.get(key)
+        if isinstance(v, str) and "." in v:
+            other, axis = v.rsplit(".", 1)
+            out[key] = shapes[other][int(axis)]
+    return out
+
+
 def make_input(name: str, dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
                seed: int, step: int = 0) -> torch.Tensor:
     rng = np.random.Generator(np.random.PCG64(derive_seed(seed, name, step)))
@@ -97,7 +109,8 @@ def make_inputs(case, step: int = 0, names=None) -> dict[str, torch.Tensor]:
     """All inputs of a case (or only ``names``) at a given step, on the CPU."""
     out = {}
     for name in names if names is not None else case.input_shapes:
-        out[name] = make_input(name, case.dists[name], case.input_shapes[name],
+        dist = resolve_dims(case.dists[name], case.input_shapes)
+        out[name] = make_input(name, dist, case.input_shapes[name],
                                case.input_dtypes[name], case.seed, step)
     return out
 

@@ -48,10 +48,19 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """One output; dtype is WORKING or a fixed dtype name."""
+    """One output; dtype is WORKING or a fixed dtype name.
+
+    golden_only: returned by the golden but not by kernels (data a comparison needs, such
+    as the scores behind top-k indices).
+    compare: how to compare it: "values" (the standards), or "topk_set" (index rows
+    compared as sets, tolerant of ties in the golden output named by ``scores``).
+    """
 
     name: str
     dtype: str = WORKING
+    golden_only: bool = False
+    compare: str = "values"
+    scores: str | None = None
 
 
 @dataclass
@@ -90,7 +99,16 @@ class OpSpec:
 
     @property
     def output_names(self) -> list[str]:
+        """Outputs kernels return, in order."""
+        return [o.name for o in self.outputs if not o.golden_only]
+
+    @property
+    def golden_output_names(self) -> list[str]:
+        """Outputs the golden returns, in order (kernel outputs, then golden-only ones)."""
         return [o.name for o in self.outputs]
+
+    def output(self, name: str) -> OutputSpec:
+        return next(o for o in self.outputs if o.name == name)
 
     def input(self, name: str) -> InputSpec:
         return next(i for i in self.inputs if i.name == name)
@@ -153,6 +171,9 @@ def declare_op(name: str, *, inputs, params, outputs, dtypes, standard, validate
     def wrap(golden_fn):
         if name in _OPS:
             raise ConfigError(f"op '{name}' is declared twice")
+        flags = [o.golden_only for o in outputs]
+        if flags != sorted(flags):
+            raise ConfigError(f"op '{name}': golden-only outputs must come last")
         _OPS[name] = OpSpec(
             name=name, inputs=tuple(inputs), params=dict(params), outputs=tuple(outputs),
             golden_fn=golden_fn, dtypes=tuple(dt.canonical_name(d) for d in dtypes),
@@ -175,6 +196,7 @@ class Backend:
     device: str = "cpu"
     check: Callable[[], tuple[bool, str]] = lambda: (True, "")
     expect_fail: bool = False  # kernels here are known-bad: a FAIL is the expected outcome
+    default: bool = True  # run when no --backend is given
 
     def available(self) -> tuple[bool, str]:
         return self.check()
@@ -202,7 +224,10 @@ def _torch_device() -> str:
 
 _BACKENDS: dict[str, Backend] = {
     "torch": Backend("torch", device=_torch_device()),
-    "mutants": Backend("mutants", device="cpu", expect_fail=True),
+    "mutants": Backend("mutants", device="cpu", expect_fail=True, default=False),
+    # implementation routes of one op, compared by `verify strategies OP`; some are
+    # known-bad routes, so plain runs leave them out
+    "strategies": Backend("strategies", device=_torch_device(), default=False),
 }
 _KERNELS: list[Kernel] = []
 

@@ -16,7 +16,7 @@ from . import dtypes as dt
 from . import inputs as inp
 from . import registry
 from .cases import Case
-from .compare import compare, resolve_standard
+from .compare import compare, compare_topk, resolve_standard
 from .difftable import worst_elements
 from . import golden_source, plotdata
 from .metrics import Metrics
@@ -95,9 +95,10 @@ def _kernel_trajectory(spec, case, kern, device, first_inputs):
         outs = _as_tuple(kern.fn(**current, **params))
         _sync(device)
         seconds += time.perf_counter() - t0
-        if len(outs) != len(spec.outputs):
+        if len(outs) != len(spec.output_names):
             raise RuntimeError(f"kernel returned {len(outs)} outputs, op '{spec.name}' "
-                               f"declares {len(spec.outputs)} ({', '.join(spec.output_names)})")
+                               f"declares {len(spec.output_names)} "
+                               f"({', '.join(spec.output_names)})")
         steps.append(tuple(o.detach().cpu() for o in outs))
         for in_name, out_name in spec.feedback.items():
             current[in_name] = outs[spec.output_names.index(out_name)]
@@ -169,13 +170,18 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
 
 def _judge_output(row, spec, case, out_name, out_dtype, j, k_steps, g_steps, last_inputs):
     std = resolve_standard(case.standard or spec.standard, out_name)
+    out_spec = spec.output(out_name)
     per_step, verdicts = [], []
     for s, (k_out, g_out) in enumerate(zip(k_steps, g_steps)):
         actual, golden = k_out[j], g_out[j]
         if actual.dtype != out_dtype:
             raise TypeError(f"output '{out_name}' has dtype {actual.dtype}, the op declares "
                             f"{out_dtype} for a {case.dtype} case")
-        v = compare(actual, golden, dtype=out_dtype, standard=std, output=None)
+        if out_spec.compare == "topk_set":
+            scores = g_out[spec.golden_output_names.index(out_spec.scores)]
+            v = compare_topk(actual, golden, scores)
+        else:
+            v = compare(actual, golden, dtype=out_dtype, standard=std, output=None)
         verdicts.append(v)
         per_step.append({"step": s + 1, "verdict": v.verdict, "mere": v.metrics.mere,
                          "mare": v.metrics.mare, "max_abs": v.metrics.max_abs,
@@ -194,7 +200,7 @@ def _judge_output(row, spec, case, out_name, out_dtype, j, k_steps, g_steps, las
     if case.steps > 1:
         row["step_metrics"] = per_step
     _plot_data(row, k_steps[s_final][j], g_steps[s_final][j], out_dtype, decisive)
-    if failing:
+    if failing and out_spec.compare == "values":
         s = s_final
         row["diff_table"] = worst_elements(
             k_steps[s][j], g_steps[s][j], last_inputs if s == len(k_steps) - 1 else {},

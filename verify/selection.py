@@ -108,7 +108,7 @@ def build(sel: Selection) -> Plan:
                 raise ConfigError(f"backend '{b}' was asked for but is not available here: {why}")
         backends = list(dict.fromkeys(sel.backends))
     else:
-        backends = [b for b, spec in all_backends.items() if not spec.expect_fail]
+        backends = [b for b, spec in all_backends.items() if spec.default]
     items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)]
     if not items:
         raise ConfigError(f"no kernel of backend(s) {', '.join(backends)} for the selected "
