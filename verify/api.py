@@ -62,14 +62,15 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         cases: str | None = None, kernels: Sequence[str] = (),
         reports: str | Path | None | bool = None, run_id: str | None = None,
         store: str | None = None, registry: str | None = None,
-        registry_required: bool = False) -> RunResult:
+        registry_required: bool = False, time: int = 0) -> RunResult:
     """Run the selection and return its rows; ``reports=False`` writes no files.
     Goldens come from ``store`` (default VERIFY_STORE or .verify-store), then ``registry``,
-    then are computed."""
+    then are computed. ``time=N`` records each kernel's median wall time over N calls."""
     plan = selection.build(selection.Selection(
         level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
         kernel_modules=list(kernels)))
     golden_source.configure(store, registry, registry_required)
+    runner.TIMING["repeats"] = time
     rows: list[dict] = []
     with _progress(len(plan.items)) as advance:
         for case, kern in plan.items:

@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--reports", default=None, help="report folder (default reports/)")
     run.add_argument("--run-id", default=None, help="name of this run's report folder")
     run.add_argument("-v", "--verbose", action="store_true", help="one line per item")
+    run.add_argument("--time", type=int, nargs="?", const=5, default=0, metavar="N",
+                     help="also record each kernel's median wall time over N calls (5)")
     run.add_argument("--progress-every", type=float, default=10.0,
                      help="seconds between progress lines (cases done and left, op, elapsed)")
     _add_store(run, registry_too=True)
@@ -125,6 +127,8 @@ def _pytest_args(a) -> list[str]:
     if a.keyword:
         args += ["-k", a.keyword]
     args.append(f"--progress-every={a.progress_every}")
+    if a.time:
+        args.append(f"--time={a.time}")
     if a.registry_required:
         args.append("--registry-required")
     if a.workers and a.workers not in ("0", "1"):

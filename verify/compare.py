@@ -78,14 +78,21 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
     m, f = measure_pair(actual, golden, out_dtype, atol=spec.get("atol"),
                         rtol=spec.get("rtol"), floor=floor)
     ok, reason = standards.judge(name, m, out_dtype, spec)
-    warning = ""
+    warnings = []
     floor_margin = float("nan")
     if f is not None:
         floor_ok, floor_reason = standards.judge(name, f, out_dtype, spec)
         floor_margin = standards.margin(name, f, out_dtype, spec)
         if not floor_ok:
-            warning = (f"{name} cannot be met even by the correctly rounded golden "
-                       f"({floor_reason})")
+            warnings.append(f"{name} cannot be met even by the correctly rounded golden "
+                            f"({floor_reason})")
+        if m.n >= 64 and abs(m.mag_bias) >= 0.5 and abs(f.mag_bias) < 0.25:
+            way = "smaller" if m.mag_bias > 0 else "larger"
+            warnings.append(f"biased rounding: on net {abs(m.mag_bias):.0%} of the inexact "
+                            f"outputs are {way} in magnitude than the golden (mag_bias "
+                            f"{m.mag_bias:+.2f}; correctly rounded {f.mag_bias:+.2f}): a "
+                            f"truncating conversion?")
+    warning = "; ".join(warnings)
     return Verdict("PASS" if ok else "FAIL", name, reason, warning, dt.name_of(out_dtype),
                    m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec)
 

@@ -10,6 +10,8 @@ Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
 - mere / mare: mean / max of d / (|g| + 1e-7) (CANN v1)
 - max_rel: max of d / |g| over g != 0 (inf when some g == 0 has d > 0)
 - rmse, cosine, eb = |#(a>g) - #(a<g)| / n (msprobe), eb_mean = |mean((a-g)/max(1,|g|))| (ATB)
+- mag_bias = (#|a|<|g| - #|a|>|g|) / #inexact: rounding to nearest gives ~0, a truncating
+  conversion ~1 (EB cannot see truncation: it cancels between positive and negative values)
 - ULP = d * 2^(mantissa - max(floor(log2|g|), min_exp)) (msprobe)
 - small-value domain |g| <= small_value: an element is wrong when d > small_value_atol
 - hundredth / thousandth / ten_thousandth: share of elements within d/(|g|+eps) < t
@@ -42,7 +44,7 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, MAX_REL_CANN, ARG_REL, MAX_ABS, ARG_ABS, SUM_SQ,
  DOT, AA, GG, N_GT, N_LT, SUM_EB, MAX_ULP, SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD,
  N_OK_1E2, N_OK_1E3, N_OK_1E4, N_REL_BAD, N_V2, N_CASE, MAX_REL, N_ZERO_G_BAD, MAX_TOL,
- N_SLOTS) = range(31)
+ N_SHRINK, N_GROW, N_SLOTS) = range(33)
 
 # constants slots
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
@@ -89,6 +91,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
     n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
     ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
+    shrink = grow = 0.0
     for j in range(lo, hi):
         i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
         ab = np.int64(abits[i])
@@ -117,6 +120,9 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
         gg += gv * gv
         n_gt += 1.0 if av > gv else 0.0
         n_lt += 1.0 if av < gv else 0.0
+        a_mag = abs(av)
+        shrink += 1.0 if a_mag < ag else 0.0
+        grow += 1.0 if a_mag > ag else 0.0
         inv_ag = 1.0 / _fmax(ag, 1e-300)
         s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
         m_abs = _fmax(m_abs, d)
@@ -178,6 +184,8 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     out[MAX_REL] = m_pr
     out[N_ZERO_G_BAD] = zero_bad
     out[MAX_TOL] = m_tol
+    out[N_SHRINK] = shrink
+    out[N_GROW] = grow
     out[ARG_ABS] = -1.0
     out[ARG_REL] = -1.0
 
@@ -212,7 +220,7 @@ def _argmax_in(a, g, lo, hi, eps_cann):
 
 _SUMS = (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, SUM_SQ, DOT, AA, GG, N_GT, N_LT, SUM_EB,
          SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD, N_OK_1E2, N_OK_1E3, N_OK_1E4,
-         N_REL_BAD, N_V2, N_CASE, N_ZERO_G_BAD)
+         N_REL_BAD, N_V2, N_CASE, N_ZERO_G_BAD, N_SHRINK, N_GROW)
 _MAXES = (MAX_ABS, MAX_REL_CANN, MAX_ULP, MAX_REL, MAX_TOL)
 
 
@@ -243,6 +251,7 @@ class Metrics:
     cosine: float
     eb: float
     eb_mean: float
+    mag_bias: float  # (#|a|<|g| - #|a|>|g|) / inexact: ~0 rounding to nearest, ~1 truncating
     ulp_max: float
     ulp_mean: float
     ulp_gt1_ratio: float
@@ -290,6 +299,7 @@ def _finish(acc: np.ndarray, atol: float, rtol: float) -> Metrics:
         cosine=cosine,
         eb=float(abs(acc[N_GT] - acc[N_LT]) / nn),
         eb_mean=float(abs(acc[SUM_EB]) / nn),
+        mag_bias=float((acc[N_SHRINK] - acc[N_GROW]) / max(acc[N_SHRINK] + acc[N_GROW], 1.0)),
         ulp_max=float(acc[MAX_ULP]),
         ulp_mean=float(acc[SUM_ULP] / nn),
         ulp_gt1_ratio=float(acc[N_ULP1] / nn),
@@ -414,7 +424,7 @@ def exact_metrics(actual: torch.Tensor, golden: torch.Tensor) -> Metrics:
     ratio = 1.0 - wrong / n if n else 1.0
     return Metrics(n=n, nan_inf_mismatch=0, mere=0.0, mare=0.0, max_abs=max_abs,
                    max_rel=0.0, rmse=float(d.pow(2).mean().sqrt()) if n else 0.0,
-                   cosine=1.0, eb=0.0, eb_mean=0.0, ulp_max=max_abs, ulp_mean=0.0,
+                   cosine=1.0, eb=0.0, eb_mean=0.0, mag_bias=0.0, ulp_max=max_abs, ulp_mean=0.0,
                    ulp_gt1_ratio=0.0, ulp_gt32_ratio=0.0, small_count=0,
                    small_err_ratio=0.0, rel_err_ratio=0.0, hundredth=ratio,
                    thousandth=ratio, ten_thousandth=ratio, v2_match_ratio=ratio,

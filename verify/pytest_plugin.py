@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from . import golden_source, results, runner, selection
+from . import devices, golden_source, results, runner, selection
 from .errors import ConfigError
 
 _ROWS_KEY = "verify_rows"
@@ -37,6 +37,8 @@ def pytest_addoption(parser):
     g.addoption("--registry", default=None, help="golden registry URL (or VERIFY_REGISTRY)")
     g.addoption("--registry-required", action="store_true", default=False,
                 help="a usage error when the registry cannot be reached")
+    g.addoption("--time", dest="verify_time", type=int, nargs="?", const=5, default=0,
+                help="also record each kernel's median wall time over N calls (default 5)")
     g.addoption("--progress-every", type=float, default=10.0,
                 help="seconds between progress lines (cases done and left, op, elapsed); "
                      "0: none")
@@ -50,6 +52,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "verify_case: a generated precision case item")
     if not _active(config):
         return
+    if hasattr(config, "workerinput"):  # before any kernel touches a device
+        devices.pin_worker(config.workerinput.get("workerid"))
+    runner.TIMING["repeats"] = config.getoption("verify_time") or 0
     sel = selection.Selection(
         level=config.getoption("--level"), cases_dir=config.getoption("--cases"),
         ops=config.getoption("--op") or None, dtypes=config.getoption("--dtype") or None,

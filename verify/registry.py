@@ -190,13 +190,18 @@ def declare_op(name: str, *, inputs, params, outputs, dtypes, standard, validate
 # -- backends and kernels -------------------------------------------------------------
 @dataclass
 class Backend:
-    """Where kernels run. Availability comes with a reason, shown on SKIP rows."""
+    """Where kernels run: a device, an availability check with the reason shown on SKIP
+    rows, the versions a report records, and the largest case it takes (the Triton
+    interpreter runs ~1M elements in seconds; larger shapes only on a real device)."""
 
     name: str
     device: str = "cpu"
     check: Callable[[], tuple[bool, str]] = lambda: (True, "")
     expect_fail: bool = False  # kernels here are known-bad: a FAIL is the expected outcome
     default: bool = True  # run when no --backend is given
+    versions: Callable[[], dict] = lambda: {}
+    max_elements: int | None = None
+    note: str = ""  # how it runs here (e.g. "Triton interpreter on the CPU")
 
     def available(self) -> tuple[bool, str]:
         return self.check()

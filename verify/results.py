@@ -28,8 +28,8 @@ COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "o
             "warning", "margin", "floor_margin"]
            + [m for m in Metrics.names()]
            + FLOOR_COLUMNS
-           + ["golden_source", "golden_s", "kernel_s", "seed", "params", "tags",
-              "inputs_sha", "file"])
+           + ["golden_source", "golden_s", "kernel_s", "kernel_median_s", "seed", "params",
+              "tags", "inputs_sha", "file"])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 
@@ -136,6 +136,12 @@ def environment(argv: list[str] | None = None) -> dict:
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = ""
     env["time"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    from . import registry
+    for name, b in registry.backends().items():
+        ok, why = b.available()
+        info = {**b.versions(), "device": b.device}
+        env[f"backend {name}"] = ", ".join(f"{k} {v}" for k, v in info.items()) + (
+            f"; {b.note}" if b.note else "") + ("" if ok else f"; unavailable: {why}")
     return env
 
 

@@ -7,6 +7,8 @@ with its reason. Nothing here stops the run: the next case always runs.
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import time
 import traceback
 
@@ -105,6 +107,27 @@ def _kernel_trajectory(spec, case, kern, device, first_inputs):
     return steps, last_inputs, seconds
 
 
+TIMING = {"repeats": 0}  # --time: kernel calls timed per case (0: no timing)
+
+
+def time_kernel(case: Case, kern: registry.Kernel, repeats: int,
+                first_inputs: dict | None = None) -> float:
+    """Median wall time of the kernel call alone, device-synchronised; inputs are copied
+    before each call, outside the timing."""
+    device = registry.backend(kern.backend).device
+    first = first_inputs if first_inputs is not None else inp.make_inputs(case)
+    on_device = {k: v.to(device) for k, v in first.items()}
+    times = []
+    for _ in range(repeats):
+        args = _fresh_copies(on_device, device)
+        _sync(device)
+        t0 = time.perf_counter()
+        kern.fn(**args, **case.params)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def _error_text(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
@@ -123,6 +146,12 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     ok, why = backend.available()
     if not ok:
         return [skip_row(case, kern, backend, why)]
+    size = max((math.prod(s) for s in case.input_shapes.values()), default=0)
+    if backend.max_elements is not None and size > backend.max_elements:
+        return [skip_row(case, kern, backend,
+                         f"{size} elements per input; {backend.name} ({backend.note or 'here'}) "
+                         f"takes cases up to {backend.max_elements}: large shapes run on a "
+                         f"real device")]
     try:
         first_inputs = inp.make_inputs(case)
         base["inputs_sha"] = inp.fingerprint(first_inputs)
@@ -153,6 +182,11 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
     g_steps, source, g_seconds = golden.trajectory, golden.source, golden.seconds
+    if TIMING["repeats"]:
+        try:
+            base["kernel_median_s"] = time_kernel(case, kern, TIMING["repeats"], first_inputs)
+        except Exception as exc:
+            return [_row(base, verdict="ERROR", reason=f"timing: {_error_text(exc)}")]
 
     rows = []
     for j, out_name in enumerate(spec.output_names):

@@ -8,36 +8,11 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
-import torch
-
-from . import golden_source, inputs as inp, registry, runner, selection
+from . import golden_source, registry, runner, selection
 from .errors import ConfigError
 
 BACKENDS = ("torch", "strategies")
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def median_time(case, kern, repeats: int) -> float:
-    """Median wall time of the kernel call alone (inputs copied outside the timing)."""
-    spec = registry.op(case.op)
-    device = registry.backend(kern.backend).device
-    first = {k: v.to(device) for k, v in inp.make_inputs(case).items()}
-    times = []
-    for _ in range(repeats):
-        args = {k: v.clone() for k, v in first.items()}
-        _sync(device)
-        t0 = time.perf_counter()
-        kern.fn(**args, **case.params)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    del spec
-    return statistics.median(times)
 
 
 def label(kern) -> str:
@@ -60,7 +35,7 @@ def run(op: str, level: str = "L0", cases_dir: str | None = None, dtypes=None,
             case_rows = runner.run_case(case, kern)
             seconds = None
             if not case.expect_error and all(r["verdict"] in ("PASS", "FAIL") for r in case_rows):
-                seconds = median_time(case, kern, repeats)
+                seconds = runner.time_kernel(case, kern, repeats)
             for r in case_rows:
                 r["median_s"] = seconds
                 rows.append(r)
