@@ -1,7 +1,6 @@
 """The whole flow: correct kernels PASS every level they run, every mutant FAILs, the CLI
 gives the promised exit codes, reports and errors."""
 import json
-import shutil
 import textwrap
 
 import pandas as pd
@@ -10,7 +9,7 @@ import pytest
 import verify
 from verify import registry, results
 
-from helpers import REPO, run_cli, write_cases
+from helpers import run_cli, write_cases
 
 OPTIMIZERS = ("apply_adam_w_v2", "apply_rms_prop", "apply_proximal_gradient_descent",
               "sgd_momentum", "adagrad", "lion", "lamb", "adafactor")

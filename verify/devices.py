@@ -20,8 +20,8 @@ def device_counts() -> dict[str, int]:
                 import torch
                 counts[kind] = torch.cuda.device_count()  # NVML: no context is created
             else:
-                import torch_npu  # noqa: F401
                 import torch
+                import torch_npu  # noqa: F401  (adds torch.npu)
                 counts[kind] = torch.npu.device_count()
         except Exception:
             counts[kind] = 0

@@ -68,13 +68,7 @@ def attention_whole_row(q, k, v, *, causal=False, scale=None, block_size=64):
 @strategy("attention", "online_softmax")
 def attention_online(q, k, v, *, causal=False, scale=None, block_size=64):
     """KV in blocks of block_size: running max, running sum, output rescaled (fp32)."""
-    g._check_attention(q, k, v)
-    group = q.shape[1] // k.shape[1]
-    qf = q.to(F32)
-    kf = k.to(F32).repeat_interleave(group, dim=1)
-    vf = v.to(F32).repeat_interleave(group, dim=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    mask = g.attention_mask(q.shape[-2], k.shape[-2], causal)
+    qf, kf, vf, scale, mask = base.attention_operands(q, k, v, causal, scale)
     shape = q.shape[:-1] + (1,)
     m = torch.full(shape, -math.inf)
     l = torch.zeros(shape)

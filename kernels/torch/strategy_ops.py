@@ -30,16 +30,20 @@ def softmax(x):
     return torch.softmax(x.to(F32), dim=-1).to(x.dtype)
 
 
-def attention_fp32(q, k, v, causal, scale):
-    """Whole-row attention in fp32: scores, softmax, PV (fully masked rows give 0)."""
+def attention_operands(q, k, v, causal, scale):
+    """Checked fp32 q, k, v with kv heads expanded for GQA, the scale, the causal mask."""
     g._check_attention(q, k, v)
     group = q.shape[1] // k.shape[1]
-    qf = q.to(F32)
     kf = k.to(F32).repeat_interleave(group, dim=1)
     vf = v.to(F32).repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return q.to(F32), kf, vf, scale, g.attention_mask(q.shape[-2], k.shape[-2], causal)
+
+
+def attention_fp32(q, k, v, causal, scale):
+    """Whole-row attention in fp32: scores, softmax, PV (fully masked rows give 0)."""
+    qf, kf, vf, scale, mask = attention_operands(q, k, v, causal, scale)
     scores = (qf @ kf.transpose(-1, -2)) * scale
-    mask = g.attention_mask(q.shape[-2], k.shape[-2], causal)
     if mask is not None:
         scores = scores.masked_fill(~mask.to(scores.device), -math.inf)
     m = scores.amax(dim=-1, keepdim=True)

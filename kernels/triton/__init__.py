@@ -22,8 +22,7 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
-    import triton  # noqa: F401
-    import triton.language as tl  # noqa: F401
+    import triton
     IMPORT_ERROR = ""
 except Exception as exc:  # not installed, or broken
     triton = None
