@@ -115,15 +115,15 @@ def test_eight_concurrent_puts_of_one_key_leave_one_intact_blob(service):
 def test_runs_share_goldens_through_the_service(service, tmp_path, monkeypatch):
     monkeypatch.setenv("VERIFY_REGISTRY_TOKEN", "t0ken")
     first = verify.run(level="L0", ops=["sgd_momentum"], store=str(tmp_path / "a"),
-                       registry=service.url, reports=False)
+                       registry=service.url, reports=False, backends=["torch"])
     assert {r["golden_source"] for r in first.rows} == {"computed"}
     monkeypatch.delenv("VERIFY_REGISTRY_TOKEN")
     second = verify.run(level="L0", ops=["sgd_momentum"], store=str(tmp_path / "b"),
-                        registry=service.url, reports=False)
+                        registry=service.url, reports=False, backends=["torch"])
     assert {r["golden_source"] for r in second.rows} == {"registry"}
     assert second.exit_status == 0
     third = verify.run(level="L0", ops=["sgd_momentum"], store=str(tmp_path / "b"),
-                       registry=service.url, reports=False)
+                       registry=service.url, reports=False, backends=["torch"])
     assert {r["golden_source"] for r in third.rows} == {"local"}
     for a, b in zip(first.rows, second.rows):
         assert (a["case_id"], a["output"], a["max_abs"]) == (b["case_id"], b["output"], b["max_abs"])
@@ -138,7 +138,8 @@ def test_a_run_without_the_token_pushes_nothing(service, tmp_path, monkeypatch):
 
 def test_registry_down_falls_back_unless_required(tmp_path):
     out = run_cli("run", "--op", "lion", "--dtype", "fp32", "--store", tmp_path / "s",
-                  "--registry", "http://127.0.0.1:9", "--reports", tmp_path, "--run-id", "r")
+                  "--registry", "http://127.0.0.1:9", "--reports", tmp_path, "--run-id", "r",
+                  "--backend", "torch")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "not reachable" in out.stderr
     df = pd.read_csv(tmp_path / "r" / "results.csv")
@@ -181,7 +182,8 @@ def test_graceful_shutdown_finishes_an_upload_in_flight(tmp_path):
 # -- the local store ---------------------------------------------------------------------
 def test_corrupt_blob_is_detected_recomputed_and_replaced(tmp_path):
     store_dir = tmp_path / "s"
-    first = verify.run(level="L0", ops=["apply_rms_prop"], store=str(store_dir), reports=False)
+    first = verify.run(level="L0", ops=["apply_rms_prop"], store=str(store_dir), reports=False,
+                       backends=["torch"])
     assert {r["golden_source"] for r in first.rows if r.get("golden_source")} == {"computed"}
     store = GoldenStore(store_dir)
     victim = store.entries()[0]
@@ -190,7 +192,8 @@ def test_corrupt_blob_is_detected_recomputed_and_replaced(tmp_path):
     raw[-3] ^= 0xFF  # one flipped byte in the tensor data
     path.write_bytes(bytes(raw))
     assert [e.key for e, _ in store.check()] == [victim.key]
-    again = verify.run(level="L0", ops=["apply_rms_prop"], store=str(store_dir), reports=False)
+    again = verify.run(level="L0", ops=["apply_rms_prop"], store=str(store_dir), reports=False,
+                       backends=["torch"])
     sources = {r["case_id"]: r["golden_source"] for r in again.rows if r.get("golden_source")}
     assert sources[victim.case_id] == "computed"
     assert sum(s == "computed" for s in sources.values()) == 1
@@ -261,7 +264,8 @@ def test_golden_commands(tmp_path):
     store_dir = tmp_path / "s"
     out = run_cli("golden", "warm", "--level", "L0", "--op", "lion", "--store", store_dir)
     assert out.returncode == 0, out.stdout + out.stderr
-    n = len(verify.run(level="L0", ops=["lion"], reports=False, store=str(tmp_path / "x")).rows) // 2
+    n = len(verify.run(level="L0", ops=["lion"], reports=False, store=str(tmp_path / "x"),
+                       backends=["torch"]).rows) // 2
     assert f"{n} goldens ready" in out.stdout and f"{n} computed" in out.stdout
     again = run_cli("golden", "warm", "--level", "L0", "--op", "lion", "--store", store_dir)
     assert f"{n} already stored" in again.stdout
