@@ -28,8 +28,8 @@ COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "o
             "warning", "margin", "floor_margin"]
            + [m for m in Metrics.names()]
            + FLOOR_COLUMNS
-           + ["golden_source", "golden_s", "kernel_s", "kernel_median_s", "seed", "params",
-              "tags", "inputs_sha", "file"])
+           + ["golden_source", "golden_s", "kernel_s", "kernel_median_s", "aicore_time_us",
+              "seed", "params", "tags", "inputs_sha", "file"])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 

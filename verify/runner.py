@@ -108,6 +108,13 @@ def _kernel_trajectory(spec, case, kern, device, first_inputs):
 
 
 TIMING = {"repeats": 0}  # --time: kernel calls timed per case (0: no timing)
+_NOTES: dict = {}
+
+
+def note(key: str, value) -> None:
+    """A kernel's own figure for the current case (PyPTO's modelled AICore time, say):
+    it becomes a column of the case's rows."""
+    _NOTES[key] = value
 
 
 def time_kernel(case: Case, kern: registry.Kernel, repeats: int,
@@ -170,11 +177,13 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="FAIL", standard="expect_error",
                      reason=f"expected {case.expect_error}; the kernel accepted the inputs")]
 
+    _NOTES.clear()
     try:
         k_steps, last_inputs, k_seconds = _kernel_trajectory(spec, case, kern, backend.device,
                                                              first_inputs)
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
+    base.update(_NOTES)
     try:
         golden = golden_source.resolver().get(spec, case, first_inputs)
     except golden_source.RegistryUnavailable:
