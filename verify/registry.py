@@ -202,6 +202,7 @@ class Backend:
     versions: Callable[[], dict] = lambda: {}
     max_elements: int | None = None
     note: str = ""  # how it runs here (e.g. "Triton interpreter on the CPU")
+    isolation: str = "in-process"  # or "subprocess": each case in a process of its own
 
     def available(self) -> tuple[bool, str]:
         return self.check()

@@ -139,7 +139,7 @@ def environment(argv: list[str] | None = None) -> dict:
     from . import registry
     for name, b in registry.backends().items():
         ok, why = b.available()
-        info = {**b.versions(), "device": b.device}
+        info = {**b.versions(), "device": b.device, "cases run": b.isolation}
         env[f"backend {name}"] = ", ".join(f"{k} {v}" for k, v in info.items()) + (
             f"; {b.note}" if b.note else "") + ("" if ok else f"; unavailable: {why}")
     return env

@@ -40,5 +40,6 @@ def _versions() -> dict:
 
 BACKEND = register_backend(Backend(
     "pypto", device="cpu", check=_check, versions=_versions, default=False,
+    isolation="subprocess",
     max_elements=1 << 18, note="PyPTO pass-verify functional reference on the CPU, a "
                                "subprocess per case"))
