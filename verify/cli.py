@@ -205,7 +205,7 @@ def cmd_strategies(a) -> int:
 
     for module in a.kernels:
         registry.load_user_module(module)
-    op_name = selection._expand_op_names([a.op])[0]
+    op_name = selection.expand_op_names([a.op])[0]
     rows, comparison = strategies.run(op_name, a.level, a.cases, a.dtype or None, a.repeats,
                                       a.store)
     out = strategies.text(comparison, width=_width())
@@ -307,20 +307,10 @@ def _warm(a, store_dir: str, console) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="verify: %(message)s")
     args = _parser().parse_args(argv)
+    commands = {"run": cmd_run, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
+                "report": cmd_report, "diff": cmd_diff, "strategies": cmd_strategies}
     try:
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "serve":
-            return cmd_serve(args)
-        if args.command == "golden":
-            return cmd_golden(args)
-        if args.command == "report":
-            return cmd_report(args)
-        if args.command == "strategies":
-            return cmd_strategies(args)
-        if args.command == "diff":
-            return cmd_diff(args)
-        return cmd_ops(args)
+        return commands[args.command](args)
     except ConfigError as exc:
         print(f"verify: error: {exc}", file=sys.stderr)
         return 2

@@ -52,10 +52,6 @@ def name_of(dtype: torch.dtype | str) -> str:
     return _NAME_OF[dtype]
 
 
-def is_float(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point
-
-
 @dataclass(frozen=True)
 class FloatTraits:
     """Constants from standards.md, per output dtype."""

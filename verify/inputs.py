@@ -14,8 +14,6 @@ import numpy as np
 import torch
 from blake3 import blake3
 
-DISTRIBUTIONS = ("normal", "uniform", "constant", "zeros", "ones", "tiny", "subnormal",
-                 "huge", "nan", "inf", "special", "randint")
 SPECIAL_VALUES = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}
 
 

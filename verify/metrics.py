@@ -48,7 +48,7 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 
 # constants slots
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
- C_ATOL, C_RTOL, C_ABS_RTOL, C_OFFSET) = range(12)
+ C_ATOL, C_RTOL, C_ABS_RTOL, N_CONSTS) = range(12)
 
 _F64_EXP = np.int64(0x7FF0000000000000)
 _F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
@@ -328,7 +328,7 @@ def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
 
 def _constants(dtype: torch.dtype, atol: float, rtol: float) -> np.ndarray:
     t = dt.traits(dtype)
-    c = np.zeros(12)
+    c = np.zeros(N_CONSTS)
     c[C_EPS_CANN] = 1e-7
     c[C_EPS_MS] = t.msprobe_eps
     c[C_SMALL] = t.small_value

@@ -33,9 +33,6 @@ def _error(a: torch.Tensor, g: torch.Tensor, atol=None, rtol=None) -> torch.Tens
     return torch.nan_to_num(err, nan=0.0)
 
 
-def _rel(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    return _error(a, g)
-
 
 def histogram(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) -> dict:
     """Counts per bin of log10(rel error) on EDGES; 'zero' counts exact elements, 'under' /
@@ -49,7 +46,7 @@ def histogram(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) ->
         for start in range(0, g.numel(), CHUNK):
             gc = g[start:start + CHUNK]
             ac = source[start:start + CHUNK] if source is not None else gc.to(dtype)
-            lg = torch.log10(_rel(ac, gc))
+            lg = torch.log10(_error(ac, gc))
             zero += int(torch.isneginf(lg).sum())
             finite = lg[torch.isfinite(lg)]
             under += int((finite < BIN_LO).sum())

@@ -21,7 +21,6 @@ from .cases import Case
 from .compare import compare, compare_topk, resolve_standard
 from .difftable import worst_elements
 from . import golden_source, plotdata
-from .metrics import Metrics
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 DIFF_ROWS = 10
@@ -265,7 +264,3 @@ def _plot_data(row, actual, golden, out_dtype, verdict) -> None:
         row["heatmap"] = plotdata.heatmap(actual, golden,
                                           verdict.metrics.atol if allclose else None,
                                           verdict.metrics.rtol if allclose else None)
-
-
-def metric_columns() -> list[str]:
-    return Metrics.names()

@@ -52,7 +52,7 @@ class Plan:
     backends: list[str]
 
 
-def _expand_op_names(names: Sequence[str]) -> list[str]:
+def expand_op_names(names: Sequence[str]) -> list[str]:
     known = registry.ops()
     out = []
     for name in names:
@@ -71,7 +71,7 @@ def select_cases(sel: Selection) -> list[Case]:
     registry.load_builtin()
     for module in sel.kernel_modules or ():
         registry.load_user_module(module)
-    ops = _expand_op_names(sel.ops) if sel.ops else None
+    ops = expand_op_names(sel.ops) if sel.ops else None
     dtypes = None
     if sel.dtypes:
         try:

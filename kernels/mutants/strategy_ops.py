@@ -1,11 +1,8 @@
 """Known-bug kernels of the strategy guide's ops: each the correct kernel with one real bug."""
 from __future__ import annotations
 
-import math
-
 import torch
 
-from goldens import strategy_ops as g
 from kernels.torch import strategy_ops as good
 from verify.registry import kernel
 
@@ -85,5 +82,3 @@ def weight_not_applied(x, weight, cos, sin, *, eps=1e-6, layout="rotate_half"):
     """RMSNorm without its weight."""
     return good.rms_norm_rope(x, torch.ones_like(weight), cos, sin, eps=eps, layout=layout)
 
-
-del math, g

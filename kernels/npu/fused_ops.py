@@ -2,8 +2,6 @@
 torch_npu documentation (op-plugin docs and tests); they run only on an NPU."""
 from __future__ import annotations
 
-import torch
-
 from goldens import optimizer_checks as checks
 from verify.registry import kernel
 
@@ -54,5 +52,3 @@ def rms_norm_rope(x, weight, cos, sin, *, eps=1e-6, layout="rotate_half"):
     y, _ = _npu().npu_rms_norm(x, weight.to(x.dtype), epsilon=eps)
     return rope(y, cos, sin, layout=layout)
 
-
-del torch

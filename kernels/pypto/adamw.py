@@ -12,6 +12,13 @@ F32 = pypto.DT_FP32
 DTYPES = {"fp32": pypto.DT_FP32, "bf16": pypto.DT_BF16}
 
 
+def verified_jit(run_mode):
+    """pypto.frontend.jit with pass verification on (the CPU evaluator needs it)."""
+    return pypto.frontend.jit(runtime_options={"run_mode": run_mode},
+                              verify_options={"enable_pass_verify": True,
+                                              "pass_verify_pass_filter": []})
+
+
 def tiles(m: int, k: int) -> tuple[int, int]:
     """DEFAULT tile config of the seed (M tile 32, K tile 1024), clipped to the shape."""
     return min(32, m), min(1024, k)
@@ -27,8 +34,7 @@ def build(M, K, dtype, beta1, beta2, lr, weight_decay, eps, step, run_mode,
     cast_up = low and not bf16_math
     v_row = 0 if bug == "wrong_assemble_offset" else 1  # v assembled without its M offset
 
-    @pypto.frontend.jit(runtime_options={"run_mode": run_mode},
-                        verify_options={"enable_pass_verify": True, "pass_verify_pass_filter": []})
+    @verified_jit(run_mode)
     def apply_adam_w_v2(w: pypto.Tensor((M, K), DT), g: pypto.Tensor((M, K), DT),
                         m: pypto.Tensor((M, K), F32), v: pypto.Tensor((M, K), F32),
                         w_out: pypto.Tensor((M, K), DT), m_out: pypto.Tensor((M, K), F32),

@@ -5,7 +5,7 @@ No `from __future__ import annotations` here: PyPTO's parser reads the tensor an
 """
 import pypto
 
-from .adamw import tiles
+from .adamw import tiles, verified_jit
 
 F32 = pypto.DT_FP32
 DTYPES = {"fp32": pypto.DT_FP32, "fp16": pypto.DT_FP16}
@@ -14,8 +14,7 @@ DTYPES = {"fp32": pypto.DT_FP32, "fp16": pypto.DT_FP16}
 def build_rms_prop(M, K, lr, rho, momentum, epsilon, run_mode):
     TM, TK = tiles(M, K)
 
-    @pypto.frontend.jit(runtime_options={"run_mode": run_mode},
-                        verify_options={"enable_pass_verify": True, "pass_verify_pass_filter": []})
+    @verified_jit(run_mode)
     def apply_rms_prop(var: pypto.Tensor((M, K), F32), ms: pypto.Tensor((M, K), F32),
                        mom: pypto.Tensor((M, K), F32), grad: pypto.Tensor((M, K), F32),
                        var_out: pypto.Tensor((M, K), F32), ms_out: pypto.Tensor((M, K), F32),
@@ -46,8 +45,7 @@ def build_proximal(M, K, dtype, alpha, l1, l2, run_mode):
     low = dtype != "fp32"
     shrink = 1.0 / (1.0 + alpha * l2)
 
-    @pypto.frontend.jit(runtime_options={"run_mode": run_mode},
-                        verify_options={"enable_pass_verify": True, "pass_verify_pass_filter": []})
+    @verified_jit(run_mode)
     def apply_proximal_gradient_descent(var: pypto.Tensor((M, K), DT),
                                         delta: pypto.Tensor((M, K), DT),
                                         out: pypto.Tensor((M, K), DT)):
