@@ -41,14 +41,24 @@ class Case:
     json_path: str = ""
     description: str = ""
     case_params: dict = field(default_factory=dict)  # only those the file set
+    mode: str = "forward"  # forward | backward | both
+
+    @property
+    def forward(self) -> bool:
+        return self.mode in ("forward", "both")
+
+    @property
+    def backward(self) -> bool:
+        return self.mode in ("backward", "both")
 
     @property
     def shape_str(self) -> str:
         return shape_str(self.main_shape)
 
     def canonical(self) -> dict:
-        """What the golden depends on (no kernel-only fields, no ids or tags)."""
-        return {
+        """What the golden depends on (no kernel-only fields, no ids or tags); a backward
+        case's golden holds the gradients too."""
+        out = {
             "op": self.op,
             "shapes": {k: list(v) for k, v in sorted(self.input_shapes.items())},
             "dtypes": {k: dt.name_of(v) for k, v in sorted(self.input_dtypes.items())},
@@ -57,6 +67,9 @@ class Case:
             "dists": {k: self.dists[k] for k in sorted(self.dists)},
             "steps": self.steps,
         }
+        if self.backward:
+            out["backward"] = True
+        return out
 
     def golden_key(self, golden_version: str) -> str:
         blob = json.dumps({"case": self.canonical(), "golden": golden_version},
@@ -153,11 +166,23 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         if name not in spec.params:
             fail(f"op '{spec.name}' has no param '{name}' (params: "
                  f"{', '.join(spec.params) or 'none'})", f".params.{name}")
+    upstream_names = {f"grad_{o.name}" for o in spec.outputs} if spec.grads else set()
     for key in ("inputs", "shapes", "dtypes"):
         for name in raw.get(key, {}):
-            if name not in spec.input_names:
+            if name not in spec.input_names and not (key == "inputs" and name in upstream_names):
+                extra = (f"; upstream gradients: {', '.join(sorted(upstream_names))}"
+                         if key == "inputs" and upstream_names else "")
                 fail(f"op '{spec.name}' has no input '{name}' (inputs: "
-                     f"{', '.join(spec.input_names)})", f".{key}.{name}")
+                     f"{', '.join(spec.input_names)}{extra})", f".{key}.{name}")
+    for name, dist in raw.get("inputs", {}).items():
+        if dist.get("dist") == "none" and name in spec.input_names \
+                and not spec.input(name).optional:
+            fail(f"input '{name}' of op '{spec.name}' is required; only optional inputs "
+                 f"may be left out with dist 'none'", f".inputs.{name}.dist")
+    mode = raw.get("mode", "both" if spec.grads else "forward")
+    if mode != "forward" and spec.grads is None:
+        fail(f"op '{spec.name}' declares no gradients, so it has no backward to verify",
+             ".mode")
     expect_error = raw.get("expect_error")
     dtypes = _as_list(raw.get("dtype", spec.dtypes[0]), lambda v: isinstance(v, str))
     for j, name in enumerate(dtypes):
@@ -172,6 +197,10 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
     if steps > 1 and not spec.feedback:
         fail(f"op '{spec.name}' declares no feedback of outputs into inputs, so it cannot "
              f"run several steps", ".steps")
+    if steps > 1 and mode != "forward":
+        fail("a backward case runs one step; set mode 'forward' or steps 1", ".mode")
+    if expect_error:
+        mode = "forward"
 
     if "shape" in raw:
         shape_v = raw["shape"]
@@ -199,6 +228,7 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         in_shapes = {n: spec.input(n).shape_for(main) for n in spec.input_names}
         for n, templ in raw.get("shapes", {}).items():
             in_shapes[n] = _resolve(templ, dim_map, fail, f".shapes.{n}")
+
         canon = dt.canonical_name(dtype_name)
         in_dtypes = {n: spec.input_dtype(n, canon) for n in spec.input_names}
         for n, dname in raw.get("dtypes", {}).items():
@@ -206,7 +236,16 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         case_params = {**fixed_params, **dict(zip(sweep_names, pvals))}
         params = {**spec.params, **case_params}
         dists = {n: raw.get("inputs", {}).get(n, spec.input(n).dist) for n in spec.input_names}
+        dists.update({n: d for n, d in raw.get("inputs", {}).items() if n in upstream_names})
+        for n in spec.input_names:  # explicit values and left-out inputs fix the shape
+            if dists[n]["dist"] == "given":
+                in_shapes[n] = (len(dists[n]["values"]),)
+            elif dists[n]["dist"] == "none":
+                in_shapes[n] = ()
         suffix = [canon, shape_str(main)]
+        in_main = {d for d in shape_t if isinstance(d, str)}
+        suffix += [f"{k}={v}" for k, v in dim_map.items()  # dims of other inputs' shapes
+                   if k not in in_main and len(dims[k]) > 1 if isinstance(dims[k], list)]
         suffix += [f"{k}={_fmt(v)}" for k, v in zip(sweep_names, pvals)]
         yield Case(
             op=spec.name, id="-".join([cid] + suffix), level=level, dtype=canon,
@@ -214,7 +253,7 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
             seed=int(raw.get("seed", 0)), dists=dists, steps=steps,
             standard=std, tags=tuple(raw.get("tags", ())), expect_error=expect_error,
             file=fname, json_path=where, description=raw.get("description", ""),
-            case_params=case_params,
+            case_params=case_params, mode=mode,
         )
 
 
@@ -237,10 +276,11 @@ def _resolve(template, dim_map, fail, sub) -> tuple[int, ...]:
 def _check_standard(std, spec, fail):
     entries = [("", std)]
     if isinstance(std, dict):
+        known = spec.output_names + spec.grad_outputs()
         for out_name, sub in std.get("outputs", {}).items():
-            if out_name not in spec.output_names:
+            if out_name not in known:
                 fail(f"op '{spec.name}' has no output '{out_name}' (outputs: "
-                     f"{', '.join(spec.output_names)})", f".standard.outputs.{out_name}")
+                     f"{', '.join(known)})", f".standard.outputs.{out_name}")
             entries.append((f".outputs.{out_name}", sub))
     for sub_path, entry in entries:
         name = entry if isinstance(entry, str) else entry.get("name")

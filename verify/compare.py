@@ -76,7 +76,7 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
                        {"name": "exact"})
     name = spec["name"]
     m, f = measure_pair(actual, golden, out_dtype, atol=spec.get("atol"),
-                        rtol=spec.get("rtol"), floor=floor)
+                        rtol=spec.get("rtol"), floor=floor, scale=float(spec.get("scale", 1.0)))
     ok, reason = standards.judge(name, m, out_dtype, spec)
     warnings = []
     floor_margin = float("nan")

@@ -25,28 +25,82 @@ log = logging.getLogger("verify.goldens")
 COMPUTED, LOCAL, REGISTRY = "computed", "local", "registry"
 
 
+def golden_names(spec: OpSpec, case: Case) -> list[str]:
+    """Names of the tensors a case's golden holds per step: the outputs its params
+    produce, then (backward cases) the gradients of the inputs it gives."""
+    names = spec.active_golden_outputs(case.params)
+    if case.backward:
+        names += grad_names(spec, case)
+    return names
+
+
+def grad_names(spec: OpSpec, case: Case) -> list[str]:
+    """Gradients a backward case compares: those of the wrt inputs it does not leave out."""
+    return [spec.grads.grad_name(w) for w in spec.grads.wrt if case.dists[w]["dist"] != "none"]
+
+
+def upstream_for(spec: OpSpec, case: Case, outputs: dict[str, torch.Tensor]) -> dict:
+    """The case's seeded upstream gradients, shaped like the golden's outputs."""
+    names = spec.upstream_outputs(case.params, case.dtype)
+    return inp.make_upstream(case, {
+        n: (tuple(outputs[n].shape), spec.output_dtype(n, case.dtype, case.params))
+        for n in names})
+
+
+def _golden_with_grads(spec: OpSpec, case: Case, args: dict, params: dict) -> tuple:
+    """Forward outputs and the float64 gradients of the wrt inputs, by autograd through
+    the golden with the case's upstream gradients."""
+    leaves = {w: args[w].clone().requires_grad_(True) for w in spec.grads.wrt
+              if args.get(w) is not None}
+    with torch.enable_grad():
+        outs = _as_tuple(spec.golden_fn(**{**args, **leaves}, **params))
+    names = spec.active_golden_outputs(params)
+    by_name = dict(zip(names, outs))
+    upstream = upstream_for(spec, case, by_name)
+    pairs = [(by_name[k[5:]], v.to(torch.float64)) for k, v in upstream.items()
+             if by_name[k[5:]].requires_grad]
+    grads = torch.autograd.grad([p[0] for p in pairs], list(leaves.values()),
+                                grad_outputs=[p[1] for p in pairs], allow_unused=True)
+    grads = [torch.zeros_like(leaf) if g is None else g
+             for g, leaf in zip(grads, leaves.values())]
+    # own storage each: one gradient may be another's very tensor (x1 and x2 of a sum)
+    return tuple(o.detach().clone() for o in outs) + tuple(g.detach().clone() for g in grads)
+
+
+def _as_tuple(outs) -> tuple:
+    return (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+
+
 def golden_trajectory(spec: OpSpec, case: Case,
                       first_inputs: dict | None = None) -> list[tuple[torch.Tensor, ...]]:
-    """float64 outputs of every step; each step's outputs feed the next step's inputs.
+    """float64 outputs of every step (with the gradients for a backward case); each
+    step's outputs feed the next step's inputs.
 
     ``first_inputs``: the case's inputs if the caller already made them (saves a copy).
     """
     first = first_inputs if first_inputs is not None else inp.make_inputs(case)
-    current = {k: v.to(torch.float64) for k, v in first.items()}
+    current = {k: _f64(v) for k, v in first.items()}
     params = dict(case.params)
+    names = spec.active_golden_outputs(params)
     out_steps = []
     for step in range(case.steps):
         if step:
             fresh = inp.make_inputs(case, step, [i.name for i in spec.inputs if i.per_step])
-            current.update({k: v.to(torch.float64) for k, v in fresh.items()})
+            current.update({k: _f64(v) for k, v in fresh.items()})
             if spec.step_param:
                 params[spec.step_param] = case.params[spec.step_param] + step
-        outs = spec.golden_fn(**current, **params)
-        outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+        if case.backward:
+            outs = _golden_with_grads(spec, case, current, params)
+        else:
+            outs = _as_tuple(spec.golden_fn(**current, **params))
         out_steps.append(outs)
         for in_name, out_name in spec.feedback.items():
-            current[in_name] = outs[spec.golden_output_names.index(out_name)]
+            current[in_name] = outs[names.index(out_name)]
     return out_steps
+
+
+def _f64(v):
+    return None if v is None else v.to(torch.float64)
 
 
 @dataclass
@@ -55,6 +109,10 @@ class Golden:
     source: str  # computed | local | registry
     seconds: float
     key: str
+    names: list[str]  # of each step's tensors
+
+    def step(self, s: int) -> dict[str, torch.Tensor]:
+        return dict(zip(self.names, self.trajectory[s]))
 
 
 class GoldenResolver:
@@ -74,46 +132,47 @@ class GoldenResolver:
             self._warned = True
         self.client = None
 
-    def _read_local(self, spec: OpSpec, key: str):
+    def _read_local(self, names: list[str], key: str):
         tensors = self.store.get_tensors(key)
         if tensors is None:
             return None
-        return tensors_to_trajectory(tensors, spec.golden_output_names)
+        return tensors_to_trajectory(tensors, names)
 
     def get(self, spec: OpSpec, case: Case, first_inputs: dict | None = None) -> Golden:
         key = case.golden_key(spec.golden_version)
+        names = golden_names(spec, case)
         t0 = time.perf_counter()
-        traj = self._read_local(spec, key)
+        traj = self._read_local(names, key)
         if traj is not None:
-            return Golden(traj, LOCAL, time.perf_counter() - t0, key)
+            return Golden(traj, LOCAL, time.perf_counter() - t0, key, names)
         if self.client is not None:
             try:
                 if self.client.fetch(key, self.store):
-                    traj = self._read_local(spec, key)
+                    traj = self._read_local(names, key)
                     if traj is not None:
-                        return Golden(traj, REGISTRY, time.perf_counter() - t0, key)
+                        return Golden(traj, REGISTRY, time.perf_counter() - t0, key, names)
             except RegistryUnavailable as exc:
                 self._registry_down(exc)
             except ValueError as exc:  # a hash mismatch in transit: compute instead
                 log.warning("golden %s from the registry was rejected: %s", key[:12], exc)
         with self.store.lock(key):
-            traj = self._read_local(spec, key)  # another process may have just made it
+            traj = self._read_local(names, key)  # another process may have just made it
             if traj is not None:
-                return Golden(traj, LOCAL, time.perf_counter() - t0, key)
+                return Golden(traj, LOCAL, time.perf_counter() - t0, key, names)
             t1 = time.perf_counter()
             traj = golden_trajectory(spec, case, first_inputs)
             seconds = time.perf_counter() - t1
             meta = {"op": spec.name, "case_id": case.id, "golden_version": spec.golden_version,
-                    "outputs": spec.golden_output_names, "steps": case.steps,
+                    "outputs": names, "steps": case.steps,
                     "case": case.canonical()}
             try:
                 self.store.put_tensors(
-                    key, trajectory_to_tensors(traj, spec.golden_output_names), meta)
+                    key, trajectory_to_tensors(traj, names), meta)
             except OSError as exc:
                 log.warning("golden %s could not be stored: %s", key[:12], exc)
-                return Golden(traj, COMPUTED, seconds, key)
+                return Golden(traj, COMPUTED, seconds, key, names)
         self._push(key)
-        return Golden(traj, COMPUTED, seconds, key)
+        return Golden(traj, COMPUTED, seconds, key, names)
 
     def _push(self, key: str) -> None:
         if self.client is None or not self.client.token:

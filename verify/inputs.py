@@ -68,6 +68,17 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
         out = np.full(shape, np.nan)
     elif kind == "inf":
         out = np.inf * _signs(rng, shape)
+    elif kind == "given":  # explicit values (cu_seqlens offsets, say)
+        out = np.asarray([_value(v, fdtype) for v in dist["values"]], dtype=np.float64)
+        out = out.reshape(shape)
+    elif kind == "permutation":  # a random order of 0..n-1 along the last axis
+        n = shape[-1] if shape else 1
+        rows = max(1, int(np.prod(shape[:-1]))) if shape else 1
+        out = np.stack([rng.permutation(n) for _ in range(rows)]).reshape(shape)
+    elif kind == "partition":  # shape[-1] non-negative sizes summing to 'total'
+        total, n = int(dist["total"]), shape[-1] if shape else 1
+        cuts = np.sort(rng.integers(0, total + 1, n - 1)) if n > 1 else np.empty(0)
+        out = np.diff(np.concatenate([[0], cuts, [total]])).reshape(shape)
     elif kind == "special":
         out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng)
         values = [_value(v, fdtype) for v in dist.get("values", ["nan", "inf", "-inf"])]
@@ -88,11 +99,13 @@ def resolve_dims(dist: Mapping, shapes: Mapping[str, tuple[int, ...]]) -> Mappin
     """A bound written as '<input>.<axis>' (ids below the rows of an embedding table)
     becomes that input's size along that axis."""
     out = dict(dist)
-    for key in ("low", "high"):
+    for key in ("low", "high", "total"):
         v = out.get(key)
         if isinstance(v, str) and "." in v:
             other, axis = v.rsplit(".", 1)
             out[key] = shapes[other][int(axis)]
+    if isinstance(out.get("base"), Mapping):  # a 'special' mix over a base distribution
+        out["base"] = resolve_dims(out["base"], shapes)
     return out
 
 
@@ -103,13 +116,33 @@ def make_input(name: str, dist: Mapping, shape: tuple[int, ...], dtype: torch.dt
     return torch.from_numpy(values).to(dtype)
 
 
-def make_inputs(case, step: int = 0, names=None) -> dict[str, torch.Tensor]:
-    """All inputs of a case (or only ``names``) at a given step, on the CPU."""
+def make_inputs(case, step: int = 0, names=None) -> dict[str, torch.Tensor | None]:
+    """All inputs of a case (or only ``names``) at a given step, on the CPU; an optional
+    input the case leaves out ({"dist": "none"}) is None."""
     out = {}
     for name in names if names is not None else case.input_shapes:
+        if case.dists[name]["dist"] == "none":
+            out[name] = None
+            continue
         dist = resolve_dims(case.dists[name], case.input_shapes)
         out[name] = make_input(name, dist, case.input_shapes[name],
                                case.input_dtypes[name], case.seed, step)
+    return out
+
+
+UPSTREAM_DIST = {"dist": "normal", "mean": 0.0, "std": 1.0}
+
+
+def make_upstream(case, outputs: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+                  ) -> dict[str, torch.Tensor]:
+    """The upstream gradient of each output of a backward case, ``grad_<output>``: seeded
+    like the inputs (by the case seed and the name), standard normal unless the case
+    gives a distribution under that name, in the output's dtype."""
+    out = {}
+    for name, (shape, dtype) in outputs.items():
+        key = f"grad_{name}"
+        dist = case.dists.get(key, UPSTREAM_DIST)
+        out[key] = make_input(key, dist, shape, dtype, case.seed)
     return out
 
 
@@ -117,6 +150,9 @@ def fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
     """BLAKE3 over names, dtypes, shapes and bytes: equal on every machine for a case."""
     h = blake3(max_threads=blake3.AUTO)
     for name in sorted(tensors):
+        if tensors[name] is None:
+            h.update(f"{name}|None|".encode())
+            continue
         t = tensors[name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         if t.numel():

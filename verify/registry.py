@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import math
 import os
 import pkgutil
 import sys
@@ -41,6 +42,7 @@ class InputSpec:
     shape: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None
     dist: dict = field(default_factory=lambda: {"dist": "normal", "mean": 0.0, "std": 1.0})
     per_step: bool = False  # drawn afresh at every step of a multi-step case (a gradient)
+    optional: bool = False  # a case may leave it out ({"dist": "none"}): passed as None
 
     def shape_for(self, main: Sequence[int]) -> tuple[int, ...]:
         return tuple(self.shape(tuple(main))) if self.shape else tuple(main)
@@ -57,10 +59,45 @@ class OutputSpec:
     """
 
     name: str
-    dtype: str = WORKING
+    dtype: str | Callable[[str, dict], str] = WORKING
     golden_only: bool = False
     compare: str = "values"
     scores: str | None = None
+    when: Callable[[dict], bool] | None = None  # produced only for these params
+
+    def dtype_name(self, working: str, params: dict) -> str:
+        """The output's dtype: fixed, the working one, or chosen by params
+        (chunk_local_cumsum's output_dtype)."""
+        if callable(self.dtype):
+            return self.dtype(working, params)
+        return working if self.dtype == WORKING else self.dtype
+
+    def active(self, params: dict) -> bool:
+        return self.when is None or bool(self.when(params))
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """The backward an op declares: the inputs that get gradients (``wrt``), the outputs
+    that receive an upstream gradient (``of``; default every floating output), and the
+    gradients that sum over many terms (``reduced``: input -> the number of terms in each
+    element, from the case's input shapes), whose standard is scaled for that length."""
+
+    wrt: tuple[str, ...]
+    of: tuple[str, ...] | None = None
+    reduced: dict[str, Callable[[dict], int]] = field(default_factory=dict)
+
+    def grad_name(self, input_name: str) -> str:
+        return f"grad_{input_name}"
+
+
+def broadcast_length(input_name: str, full: str):
+    """Terms summed into each element of the gradient of ``input_name`` when it is
+    broadcast against ``full`` (gamma over the rows of x, say)."""
+    def length(shapes: dict) -> int:
+        n_in = max(1, math.prod(shapes[input_name]))
+        return max(1, math.prod(shapes[full]) // n_in)
+    return length
 
 
 @dataclass
@@ -79,6 +116,7 @@ class OpSpec:
     aliases: tuple[str, ...] = ()
     description: str = ""
     version: str | None = None  # explicit golden version bump
+    grads: Gradients | None = None
 
     # -- the public surface -------------------------------------------------------
     def golden(self, **kwargs):
@@ -128,9 +166,32 @@ class OpSpec:
         rule = self.input(name).dtype
         return dt.to_torch(working if rule == WORKING else rule)
 
-    def output_dtype(self, name: str, working: str) -> torch.dtype:
-        rule = next(o.dtype for o in self.outputs if o.name == name)
-        return dt.to_torch(working if rule == WORKING else rule)
+    def output_dtype(self, name: str, working: str, params: dict | None = None) -> torch.dtype:
+        if name.startswith("grad_") and self.grads and name[5:] in self.grads.wrt \
+                and name not in self.golden_output_names:
+            return self.input_dtype(name[5:], working)
+        out = self.output(name)
+        return dt.to_torch(out.dtype_name(working, {**self.params, **(params or {})}))
+
+    # -- outputs present for a case's params, and gradients --------------------------
+    def active_outputs(self, params: dict) -> list[str]:
+        """Kernel outputs produced with these params, in order."""
+        return [o.name for o in self.outputs if not o.golden_only and o.active(params)]
+
+    def active_golden_outputs(self, params: dict) -> list[str]:
+        return [o.name for o in self.outputs if o.active(params)]
+
+    def upstream_outputs(self, params: dict, working: str) -> list[str]:
+        """Outputs that receive an upstream gradient in a backward case."""
+        active = self.active_outputs(params)
+        if self.grads is None:
+            return []
+        wanted = self.grads.of if self.grads.of is not None else active
+        return [o for o in active if o in wanted
+                and self.output_dtype(o, working, params).is_floating_point]
+
+    def grad_outputs(self) -> list[str]:
+        return [self.grads.grad_name(w) for w in self.grads.wrt] if self.grads else []
 
     @property
     def golden_version(self) -> str:
@@ -148,7 +209,10 @@ class OpSpec:
         decl = {
             "inputs": [(i.name, i.dtype) for i in self.inputs],
             "params": {k: repr(v) for k, v in self.params.items()},
-            "outputs": [(o.name, o.dtype) for o in self.outputs],
+            "outputs": [(o.name, o.dtype if isinstance(o.dtype, str) else
+                         inspect.getsource(o.dtype).strip()) for o in self.outputs],
+            "grads": None if self.grads is None else [list(self.grads.wrt),
+                                                      list(self.grads.of or [])],
         }
         blob = src + json.dumps(decl, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -165,7 +229,7 @@ _OPS: dict[str, OpSpec] = {}
 
 def declare_op(name: str, *, inputs, params, outputs, dtypes, standard, validate=None,
                ranks=(2, 2), feedback=None, step_param=None, aliases=(), description="",
-               version=None):
+               version=None, grads=None):
     """Decorator for a float64 golden function: declares the op it is the golden of."""
 
     def wrap(golden_fn):
@@ -180,7 +244,7 @@ def declare_op(name: str, *, inputs, params, outputs, dtypes, standard, validate
             standard=standard if isinstance(standard, dict) else {"name": standard},
             validate_fn=validate, ranks=tuple(ranks), feedback=dict(feedback or {}),
             step_param=step_param, aliases=tuple(aliases), description=description,
-            version=version,
+            version=version, grads=grads,
         )
         return golden_fn
 
@@ -220,6 +284,12 @@ class Kernel:
     def id(self) -> str:
         return self.backend if self.name == self.op else f"{self.backend}.{self.name}"
 
+    @property
+    def backward(self) -> Callable[..., Any] | None:
+        """A separate backward kernel registered for this kernel (None: the harness
+        differentiates the forward with torch.autograd)."""
+        return _BACKWARDS.get((self.op, self.backend, self.name))
+
 
 def _torch_device() -> str:
     wanted = os.environ.get("VERIFY_TORCH_DEVICE")
@@ -236,6 +306,7 @@ _BACKENDS: dict[str, Backend] = {
     "strategies": Backend("strategies", device=_torch_device(), default=False),
 }
 _KERNELS: list[Kernel] = []
+_BACKWARDS: dict[tuple[str, str, str], Callable[..., Any]] = {}
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -258,6 +329,21 @@ def kernel(op: str, backend: str = "torch", name: str | None = None, description
                        if not (k.op == op and k.backend == backend and k.name == kname)]
         _KERNELS.append(Kernel(op, backend, kname, fn,
                                description or (inspect.getdoc(fn) or "").split("\n")[0]))
+        return fn
+
+    return wrap
+
+
+def backward_kernel(op: str, backend: str = "torch", name: str | None = None):
+    """Register the separate backward of a kernel (the kernel ``name`` of ``op`` under
+    ``backend``; default: the op's name, as ``kernel`` names it).
+
+    Called as ``fn(**inputs, **upstream, **params)``, where ``upstream`` holds
+    ``grad_<output>`` for every output the op's gradients declare; returns the gradients
+    of the op's ``wrt`` inputs in order (None for one it does not produce)."""
+
+    def wrap(fn):
+        _BACKWARDS[(op, backend, name or op)] = fn
         return fn
 
     return wrap

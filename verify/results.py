@@ -23,12 +23,12 @@ from .metrics import Metrics
 
 FLOOR_COLUMNS = [f"floor_{k}" for k in
                  ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")]
-COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "output",
+COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "mode", "output",
             "out_dtype", "shape", "steps", "verdict", "expected", "standard", "reason",
-            "warning", "margin", "floor_margin"]
+            "warning", "margin", "floor_margin", "reduction_n", "tol_scale"]
            + [m for m in Metrics.names()]
            + FLOOR_COLUMNS
-           + ["golden_source", "golden_s", "kernel_s", "kernel_median_s", "aicore_time_us",
+           + ["golden_source", "golden_s", "kernel_s", "backward_s", "kernel_median_s", "aicore_time_us",
               "seed", "params", "tags", "inputs_sha", "file"])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")

@@ -34,7 +34,7 @@ def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> d
         "kernel": kern.name, "device": backend.device, "dtype": case.dtype,
         "shape": case.shape_str, "steps": case.steps, "seed": case.seed,
         "params": json.dumps(case.case_params, sort_keys=True),
-        "tags": ",".join(case.tags), "file": case.file,
+        "tags": ",".join(case.tags), "file": case.file, "mode": case.mode,
         "expected": "FAIL" if backend.expect_fail else "PASS",
     }
 
@@ -54,7 +54,7 @@ def skip_row(case: Case, kern: registry.Kernel, backend: registry.Backend, reaso
 
 
 def _to_device(tensors: dict, device: str) -> dict:
-    return {k: v.to(device) for k, v in tensors.items()}
+    return {k: None if v is None else v.to(device) for k, v in tensors.items()}
 
 
 def _as_tuple(outs) -> tuple:
@@ -72,6 +72,9 @@ def _fresh_copies(tensors: dict, device: str) -> dict:
     diff table see."""
     out = {}
     for k, v in tensors.items():
+        if v is None:
+            out[k] = None
+            continue
         moved = v.to(device)
         out[k] = moved.clone() if moved.data_ptr() == v.data_ptr() and v.numel() else moved
     return out
@@ -93,17 +96,73 @@ def _kernel_trajectory(spec, case, kern, device, first_inputs):
         if step:
             current = _fresh_copies(current, device)
         t0 = time.perf_counter()
-        outs = _as_tuple(kern.fn(**current, **params))
+        outs = _checked_outputs(spec, params, kern.fn(**current, **params))
         _sync(device)
         seconds += time.perf_counter() - t0
-        if len(outs) != len(spec.output_names):
-            raise RuntimeError(f"kernel returned {len(outs)} outputs, op '{spec.name}' "
-                               f"declares {len(spec.output_names)} "
-                               f"({', '.join(spec.output_names)})")
-        steps.append(tuple(o.detach().cpu() for o in outs))
+        steps.append({n: o.detach().cpu() for n, o in outs.items()})
         for in_name, out_name in spec.feedback.items():
-            current[in_name] = outs[spec.output_names.index(out_name)]
+            current[in_name] = outs[out_name]
     return steps, last_inputs, seconds
+
+
+def _checked_outputs(spec, params, outs) -> dict:
+    """The kernel's outputs by name, after checking their count."""
+    outs = _as_tuple(outs)
+    names = spec.active_outputs(params)
+    if len(outs) != len(names):
+        raise RuntimeError(f"kernel returned {len(outs)} outputs, op '{spec.name}' "
+                           f"declares {len(names)} ({', '.join(names)}) for these params")
+    return dict(zip(names, outs))
+
+
+def _forward_with_graph(spec, case, kern, device, first_inputs):
+    """One forward of a backward case whose gradients come from autograd: the wrt inputs
+    are leaves that require grad. Returns (outputs with their graph, leaves, seconds)."""
+    args = _fresh_copies(first_inputs, device)
+    leaves = {w: args[w].detach().clone().requires_grad_(True) for w in spec.grads.wrt
+              if args.get(w) is not None and args[w].dtype.is_floating_point}
+    args.update(leaves)
+    t0 = time.perf_counter()
+    with torch.enable_grad():
+        outs = _checked_outputs(spec, case.params, kern.fn(**args, **case.params))
+    _sync(device)
+    return outs, leaves, time.perf_counter() - t0
+
+
+def _kernel_grads(spec, case, kern, device, first_inputs, graph, upstream) -> dict:
+    """The kernel's gradients (on the CPU) by output name ``grad_<input>``: from its
+    separate backward kernel, or by autograd through the forward's ``graph``. A gradient
+    the kernel does not produce is zero, as autograd treats an unused input."""
+    ups = {k: v.to(device) for k, v in upstream.items()}
+    if kern.backward is not None:
+        args = _fresh_copies(first_inputs, device)
+        res = _as_tuple(kern.backward(**args, **ups, **case.params))
+        if len(res) != len(spec.grads.wrt):
+            raise RuntimeError(f"backward kernel returned {len(res)} gradients; op "
+                               f"'{spec.name}' declares {len(spec.grads.wrt)} "
+                               f"({', '.join(spec.grads.wrt)})")
+        by_input = dict(zip(spec.grads.wrt, res))
+    else:
+        outs, leaves = graph
+        pairs = []
+        for key, up in ups.items():
+            out = outs[key[5:]]
+            if not out.requires_grad:
+                raise RuntimeError(
+                    f"output '{key[5:]}' carries no autograd graph: make the kernel "
+                    f"differentiable (torch ops or a torch.autograd.Function) or register "
+                    f"its backward with @verify.backward_kernel")
+            pairs.append((out, up.to(out.dtype) if up.dtype != out.dtype else up))
+        grads = torch.autograd.grad([p[0] for p in pairs], list(leaves.values()),
+                                    grad_outputs=[p[1] for p in pairs], allow_unused=True)
+        by_input = dict(zip(leaves, grads))
+    out = {}
+    for name in golden_source.grad_names(spec, case):
+        w = name[5:]
+        g = by_input.get(w)
+        ref = first_inputs[w]
+        out[name] = (torch.zeros_like(ref) if g is None else g.detach().cpu())
+    return out
 
 
 TIMING = {"repeats": 0}  # --time: kernel calls timed per case (0: no timing)
@@ -122,7 +181,7 @@ def time_kernel(case: Case, kern: registry.Kernel, repeats: int,
     before each call, outside the timing."""
     device = registry.backend(kern.backend).device
     first = first_inputs if first_inputs is not None else inp.make_inputs(case)
-    on_device = {k: v.to(device) for k, v in first.items()}
+    on_device = _to_device(first, device)
     times = []
     for _ in range(repeats):
         args = _fresh_copies(on_device, device)
@@ -177,9 +236,16 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
                      reason=f"expected {case.expect_error}; the kernel accepted the inputs")]
 
     _NOTES.clear()
+    graph = None
     try:
-        k_steps, last_inputs, k_seconds = _kernel_trajectory(spec, case, kern, backend.device,
-                                                             first_inputs)
+        if case.backward and kern.backward is None:
+            outs, leaves, k_seconds = _forward_with_graph(spec, case, kern, backend.device,
+                                                          first_inputs)
+            graph = (outs, leaves)
+            k_steps, last_inputs = [{n: o.detach().cpu() for n, o in outs.items()}], first_inputs
+        else:
+            k_steps, last_inputs, k_seconds = _kernel_trajectory(spec, case, kern,
+                                                                 backend.device, first_inputs)
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
     base.update(_NOTES)
@@ -189,38 +255,73 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         raise  # --registry-required: the run stops
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
-    g_steps, source, g_seconds = golden.trajectory, golden.source, golden.seconds
+    g_steps = [golden.step(s) for s in range(len(golden.trajectory))]
     if TIMING["repeats"]:
         try:
             base["kernel_median_s"] = time_kernel(case, kern, TIMING["repeats"], first_inputs)
         except Exception as exc:
             return [_row(base, verdict="ERROR", reason=f"timing: {_error_text(exc)}")]
 
-    rows = []
-    for j, out_name in enumerate(spec.output_names):
-        out_dtype = spec.output_dtype(out_name, case.dtype)
-        row = _row(base, output=out_name, out_dtype=dt.name_of(out_dtype),
-                   golden_source=source, golden_s=round(g_seconds, 6),
-                   kernel_s=round(k_seconds, 6))
+    names = spec.active_outputs(case.params) if case.forward else []
+    grad_error = None
+    if case.backward:
+        grad_list = golden_source.grad_names(spec, case)
+        names += grad_list
         try:
-            rows.append(_judge_output(row, spec, case, out_name, out_dtype, j, k_steps,
+            t0 = time.perf_counter()
+            upstream = golden_source.upstream_for(spec, case, g_steps[0])
+            k_steps[0].update(_kernel_grads(spec, case, kern, backend.device, first_inputs,
+                                            graph, upstream))
+            _sync(backend.device)
+            base["backward_s"] = round(time.perf_counter() - t0, 6)
+        except Exception as exc:
+            grad_error = f"kernel backward raised {_error_text(exc)}"
+    rows = []
+    for out_name in names:
+        out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
+        row = _row(base, output=out_name, out_dtype=dt.name_of(out_dtype),
+                   golden_source=golden.source, golden_s=round(golden.seconds, 6),
+                   kernel_s=round(k_seconds, 6))
+        if grad_error and out_name not in k_steps[0]:
+            rows.append(_row(row, verdict="ERROR", reason=grad_error))
+            continue
+        try:
+            rows.append(_judge_output(row, spec, case, out_name, out_dtype, k_steps,
                                       g_steps, last_inputs))
         except Exception as exc:
             rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
     return rows
 
 
-def _judge_output(row, spec, case, out_name, out_dtype, j, k_steps, g_steps, last_inputs):
+def reduction_scale(spec, case, out_name: str, out_dtype: torch.dtype) -> tuple[int, float]:
+    """(n, k) for a reduction gradient: n terms summed into each element, and the factor
+    k = max(1, sqrt(n) * u_fp32 / u_out) its tolerances are widened by (README:
+    "Backward verification"). (1, 1.0) for every other output."""
+    if not (spec.grads and out_name.startswith("grad_") and out_name[5:] in spec.grads.reduced):
+        return 1, 1.0
+    n = int(spec.grads.reduced[out_name[5:]](case.input_shapes))
+    u_acc = torch.finfo(torch.float32).eps / 2
+    u_out = torch.finfo(out_dtype).eps / 2
+    return n, max(1.0, math.sqrt(n) * u_acc / u_out)
+
+
+def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_inputs):
     std = resolve_standard(case.standard or spec.standard, out_name)
-    out_spec = spec.output(out_name)
+    n_terms, k = reduction_scale(spec, case, out_name, out_dtype)
+    if k > 1.0 and "scale" not in std:
+        std["scale"] = k
+    if n_terms > 1:
+        row.update(reduction_n=n_terms, tol_scale=float(std.get("scale", 1.0)))
+    is_grad = out_name not in spec.golden_output_names
+    compare_how = "values" if is_grad else spec.output(out_name).compare
     per_step, verdicts = [], []
     for s, (k_out, g_out) in enumerate(zip(k_steps, g_steps)):
-        actual, golden = k_out[j], g_out[j]
+        actual, golden = k_out[out_name], g_out[out_name]
         if actual.dtype != out_dtype:
             raise TypeError(f"output '{out_name}' has dtype {actual.dtype}, the op declares "
                             f"{out_dtype} for a {case.dtype} case")
-        if out_spec.compare == "topk_set":
-            scores = g_out[spec.golden_output_names.index(out_spec.scores)]
+        if compare_how == "topk_set":
+            scores = g_out[spec.output(out_name).scores]
             v = compare_topk(actual, golden, scores)
         else:
             v = compare(actual, golden, dtype=out_dtype, standard=std, output=None)
@@ -241,11 +342,12 @@ def _judge_output(row, spec, case, out_name, out_dtype, j, k_steps, g_steps, las
         row.update({f"floor_{k}": getattr(final.floor, k) for k in FLOOR_FIELDS})
     if case.steps > 1:
         row["step_metrics"] = per_step
-    _plot_data(row, k_steps[s_final][j], g_steps[s_final][j], out_dtype, decisive)
-    if failing and out_spec.compare == "values":
+    _plot_data(row, k_steps[s_final][out_name], g_steps[s_final][out_name], out_dtype, decisive)
+    if failing and compare_how == "values":
         s = s_final
+        shown = {k: v for k, v in last_inputs.items() if v is not None}
         row["diff_table"] = worst_elements(
-            k_steps[s][j], g_steps[s][j], last_inputs if s == len(k_steps) - 1 else {},
+            k_steps[s][out_name], g_steps[s][out_name], shown if s == len(k_steps) - 1 else {},
             k=DIFF_ROWS, atol=decisive.metrics.atol if std["name"] == "allclose" else None,
             rtol=decisive.metrics.rtol if std["name"] == "allclose" else None)
     return row

@@ -30,10 +30,19 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-@standard("cann_v1", ("threshold",))
+def _v1_threshold(dtype, spec) -> float:
+    return (float(spec.get("threshold", dt.traits(dtype).cann_v1_threshold))
+            * float(spec.get("scale", 1.0)))
+
+
+def _v2_limit(dtype, spec) -> float:
+    return float(spec.get("limit", dt.traits(dtype).v2_max_abs)) * float(spec.get("scale", 1.0))
+
+
+@standard("cann_v1", ("threshold", "scale"))
 def cann_v1(m: Metrics, dtype, spec):
-    """CANN v1: MERE < T and MARE < 10 T, T per output dtype."""
-    t = float(spec.get("threshold", dt.traits(dtype).cann_v1_threshold))
+    """CANN v1: MERE < T and MARE < 10 T, T per output dtype (times ``scale``)."""
+    t = _v1_threshold(dtype, spec)
     if m.mere >= t:
         return False, f"MERE {_g(m.mere)} >= {_g(t)}"
     if m.mare >= 10 * t:
@@ -41,22 +50,23 @@ def cann_v1(m: Metrics, dtype, spec):
     return True, f"MERE {_g(m.mere)} < {_g(t)}, MARE {_g(m.mare)} < {_g(10 * t)}"
 
 
-@standard("cann_v2", ("ratio", "limit"))
+@standard("cann_v2", ("ratio", "limit", "scale"))
 def cann_v2(m: Metrics, dtype, spec):
     """CANN v2 mixed tolerance: share(d <= atol + rtol|g|) >= 0.99 and max abs within the
     limit (the published limit 'X or 32 ULP' passes when either holds)."""
     tr = dt.traits(dtype)
     ratio = float(spec.get("ratio", 0.99))
-    limit = float(spec.get("limit", tr.v2_max_abs))
+    limit = _v2_limit(dtype, spec)
+    k = float(spec.get("scale", 1.0))
     if m.v2_match_ratio < ratio:
         return False, (f"matched {_g(m.v2_match_ratio)} < {ratio} "
-                       f"(atol {_g(tr.v2_atol)}, rtol {_g(tr.v2_rtol)})")
+                       f"(atol {_g(tr.v2_atol * k)}, rtol {_g(tr.v2_rtol * k)})")
     if m.max_abs > limit and m.ulp_max > 32:
         return False, f"max abs {_g(m.max_abs)} > {_g(limit)} and max ULP {_g(m.ulp_max)} > 32"
     return True, f"matched {_g(m.v2_match_ratio)} >= {ratio}"
 
 
-@standard("allclose", ("atol", "rtol"))
+@standard("allclose", ("atol", "rtol", "scale"))
 def allclose(m: Metrics, dtype, spec):
     """Every element within atol + rtol*|g| (torch.testing defaults unless the case says)."""
     if m.allclose_mismatch > 0:
@@ -126,11 +136,11 @@ def exact(m: Metrics, dtype, spec):
 def _margin(name: str, m: Metrics, dtype: torch.dtype, spec: dict) -> float:
     tr = dt.traits(dtype) if dtype.is_floating_point else None
     if name == "cann_v1":
-        t = float(spec.get("threshold", tr.cann_v1_threshold))
+        t = _v1_threshold(dtype, spec)
         return max(m.mere / t, m.mare / (10 * t))
     if name == "cann_v2":
         ratio = float(spec.get("ratio", 0.99))
-        limit = float(spec.get("limit", tr.v2_max_abs))
+        limit = _v2_limit(dtype, spec)
         share = (1.0 - m.v2_match_ratio) / max(1.0 - ratio, 1e-12)
         return max(share, min(m.max_abs / limit, m.ulp_max / 32))
     if name == "allclose":
