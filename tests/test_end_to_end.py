@@ -86,7 +86,7 @@ def test_validation_of_the_real_wrappers():
 
 
 def test_api_surface():
-    assert set(OPTIMIZERS) <= set(verify.ops()) and len(verify.ops()) == 18
+    assert set(OPTIMIZERS) <= set(verify.ops()) and len(verify.ops()) == 32
     res = verify.run(level="L0", ops=["lion"], dtypes=["bf16"], reports=False)
     df = res.df
     assert isinstance(df, pd.DataFrame) and set(df["dtype"]) == {"bf16"}

@@ -30,6 +30,11 @@ class RunResult:
     def counts(self) -> dict[str, int]:
         return results.counts(self.rows)
 
+    @property
+    def mutants(self) -> list[dict]:
+        """Per known-bad kernel of the run: op, kernel, caught, failing rows, first."""
+        return results.mutant_summary(self.rows)
+
     def summary(self) -> str:
         return results.summary_text(self.rows, self.run_dir)
 

@@ -245,7 +245,7 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         suffix = [canon, shape_str(main)]
         in_main = {d for d in shape_t if isinstance(d, str)}
         suffix += [f"{k}={v}" for k, v in dim_map.items()  # dims of other inputs' shapes
-                   if k not in in_main and len(dims[k]) > 1 if isinstance(dims[k], list)]
+                   if k not in in_main and isinstance(dims[k], list) and len(dims[k]) > 1]
         suffix += [f"{k}={_fmt(v)}" for k, v in zip(sweep_names, pvals)]
         yield Case(
             op=spec.name, id="-".join([cid] + suffix), level=level, dtype=canon,

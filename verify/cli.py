@@ -158,8 +158,14 @@ def cmd_ops(a) -> int:
         registry.load_user_module(module)
     for name in registry.ops():
         spec = registry.op(name)
-        kerns = ", ".join(k.id for k in registry.kernels(name))
-        print(f"{name}  dtypes={','.join(spec.dtypes)}  standard={spec.standard}  "
+        kerns = ", ".join(k.id + ("+backward" if k.backward else "")
+                          for k in registry.kernels(name))
+        grads = ""
+        if spec.grads:
+            reduced = set(spec.grads.reduced)
+            grads = "  grads=[" + ", ".join(w + ("*" if w in reduced else "")
+                                             for w in spec.grads.wrt) + "]"
+        print(f"{name}  dtypes={','.join(spec.dtypes)}  standard={spec.standard}{grads}  "
               f"kernels=[{kerns}]")
     return 0
 

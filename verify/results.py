@@ -23,13 +23,15 @@ from .metrics import Metrics
 
 FLOOR_COLUMNS = [f"floor_{k}" for k in
                  ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")]
-COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "mode", "output",
+COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "output",
             "out_dtype", "shape", "steps", "verdict", "expected", "standard", "reason",
-            "warning", "margin", "floor_margin", "reduction_n", "tol_scale"]
+            "warning", "margin", "floor_margin"]
            + [m for m in Metrics.names()]
            + FLOOR_COLUMNS
-           + ["golden_source", "golden_s", "kernel_s", "backward_s", "kernel_median_s", "aicore_time_us",
-              "seed", "params", "tags", "inputs_sha", "file"])
+           + ["golden_source", "golden_s", "kernel_s", "kernel_median_s", "aicore_time_us",
+              "seed", "params", "tags", "inputs_sha", "file",
+              # backward verification (appended: earlier columns keep their positions)
+              "mode", "reduction_n", "tol_scale", "backward_s"])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 
