@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from goldens.fused_training import FLOATS, MIXED, NONE
 from verify.registry import Gradients, InputSpec, OutputSpec, declare_op
 
-FLOATS = ["fp32", "fp16", "bf16"]
-MIXED = {"name": "cann_v2"}
-NONE = {"dist": "none"}
 SOLVE_TRIL_BLOCKS = (16, 32, 64)
 
 
