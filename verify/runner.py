@@ -105,6 +105,17 @@ def _kernel_trajectory(spec, case, kern, device, first_inputs):
     return steps, last_inputs, seconds
 
 
+def _run_forward(spec, case, kern, device, first_inputs):
+    """(outputs per step, the last step's inputs, seconds, autograd graph or None): a
+    backward case differentiated by autograd runs its one forward with a graph."""
+    if case.backward and kern.backward is None:
+        outs, leaves, seconds = _forward_with_graph(spec, case, kern, device, first_inputs)
+        steps = [{n: o.detach().cpu() for n, o in outs.items()}]
+        return steps, first_inputs, seconds, (outs, leaves)
+    steps, last_inputs, seconds = _kernel_trajectory(spec, case, kern, device, first_inputs)
+    return steps, last_inputs, seconds, None
+
+
 def _checked_outputs(spec, params, outs) -> dict:
     """The kernel's outputs by name, after checking their count."""
     outs = _as_tuple(outs)
@@ -236,16 +247,9 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
                      reason=f"expected {case.expect_error}; the kernel accepted the inputs")]
 
     _NOTES.clear()
-    graph = None
     try:
-        if case.backward and kern.backward is None:
-            outs, leaves, k_seconds = _forward_with_graph(spec, case, kern, backend.device,
-                                                          first_inputs)
-            graph = (outs, leaves)
-            k_steps, last_inputs = [{n: o.detach().cpu() for n, o in outs.items()}], first_inputs
-        else:
-            k_steps, last_inputs, k_seconds = _kernel_trajectory(spec, case, kern,
-                                                                 backend.device, first_inputs)
+        k_steps, last_inputs, k_seconds, graph = _run_forward(spec, case, kern, backend.device,
+                                                              first_inputs)
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
     base.update(_NOTES)
@@ -265,8 +269,7 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     names = spec.active_outputs(case.params) if case.forward else []
     grad_error = None
     if case.backward:
-        grad_list = golden_source.grad_names(spec, case)
-        names += grad_list
+        names += golden_source.grad_names(spec, case)
         try:
             t0 = time.perf_counter()
             upstream = golden_source.upstream_for(spec, case, g_steps[0])

@@ -96,8 +96,17 @@ def hash_bytes(data: bytes) -> str:
 
 
 def trajectory_to_tensors(traj: list[tuple[torch.Tensor, ...]], outputs: list[str]) -> dict:
-    return {f"{s}/{name}": t.contiguous() for s, step in enumerate(traj)
-            for name, t in zip(outputs, step)}
+    """Named tensors for a safetensors file, each with storage of its own (safetensors
+    refuses shared storage; the gradients of x1 and x2 in x1 + x2 are one tensor)."""
+    out, seen = {}, set()
+    for s, step in enumerate(traj):
+        for name, t in zip(outputs, step):
+            t = t.detach().contiguous()
+            ptr = t.untyped_storage().data_ptr() if t.numel() else None
+            out[f"{s}/{name}"] = t.clone() if ptr in seen else t
+            if ptr is not None:
+                seen.add(ptr)
+    return out
 
 
 def tensors_to_trajectory(tensors: dict, outputs: list[str]) -> list[tuple[torch.Tensor, ...]]:
