@@ -85,11 +85,11 @@ def chunk_local_cumsum(g, cu_seqlens, *, chunk_size, reverse, scale, output_dtyp
             piece = g[b, s:e]
             c = piece.flip(0).cumsum(0).flip(0) if reverse else piece.cumsum(0)
             parts.append((b, s, e, c))
-    out = _assemble(g, parts)
+    out = assemble(g, parts)
     return (out * scale if scale is not None else out,)
 
 
-def _assemble(like: torch.Tensor, parts) -> torch.Tensor:
+def assemble(like: torch.Tensor, parts) -> torch.Tensor:
     """A tensor shaped like ``like`` from (batch, start, end, piece) blocks along T, built
     with cat (no in-place writes, so autograd sees every piece)."""
     rows = []
@@ -137,7 +137,7 @@ def kkt_block(k, g, beta):
     return a * strict[:, None, :]
 
 
-def _pad_cols(block: torch.Tensor, width: int) -> torch.Tensor:
+def pad_cols(block: torch.Tensor, width: int) -> torch.Tensor:
     short = width - block.shape[-1]
     return block if short == 0 else torch.cat(
         [block, torch.zeros(*block.shape[:-1], short, dtype=block.dtype)], -1)
@@ -168,9 +168,9 @@ def chunk_scaled_dot_kkt(k, g, beta, cu_seqlens, *, chunk_size):
     for b, start, end in segments(k.shape[0], k.shape[1], cu_seqlens):
         for s, e in chunks(start, end, chunk_size):
             blk = kkt_block(k[b, s:e], None if g is None else g[b, s:e], beta[b, s:e])
-            parts.append((b, s, e, _pad_cols(blk, chunk_size)))
+            parts.append((b, s, e, pad_cols(blk, chunk_size)))
     like = torch.zeros(*k.shape[:3], chunk_size, dtype=k.dtype)
-    return (_assemble(like, parts),)
+    return (assemble(like, parts),)
 
 
 # -- solve_tril --------------------------------------------------------------------------
@@ -216,8 +216,8 @@ def solve_tril(A, cu_seqlens):
             m = tril_block(A, s, e, b)
             eye = torch.eye(e - s, dtype=A.dtype).expand_as(m)
             inv = torch.linalg.inv(eye + m).permute(1, 0, 2)  # [L, H, L]
-            parts.append((b, s, e, _pad_cols(inv, bt)))
-    return (_assemble(torch.zeros_like(A), parts),)
+            parts.append((b, s, e, pad_cols(inv, bt)))
+    return (assemble(torch.zeros_like(A), parts),)
 
 
 # -- recompute_w_u -----------------------------------------------------------------------
@@ -271,7 +271,7 @@ def recompute_w_u(k, v, beta, A, g, cu_seqlens):
                 kk = kk * torch.exp(g[b, s:e])[..., None]
             w_parts.append((b, s, e, torch.einsum("ihj,jhk->ihk", a, kk)))
             u_parts.append((b, s, e, torch.einsum("ihj,jhv->ihv", a, v[b, s:e] * bb)))
-    return _assemble(k, w_parts), _assemble(v, u_parts)
+    return assemble(k, w_parts), assemble(v, u_parts)
 
 
 # -- chunk_gated_delta_rule ----------------------------------------------------------------

@@ -6,12 +6,11 @@ import math
 import textwrap
 
 import pytest
-import torch
 
 import verify
 from verify.errors import CaseFileError
 
-from helpers import REPO, run_cli, write_cases
+from helpers import run_cli, write_cases
 
 
 def rows_of(df, **where):
@@ -188,4 +187,3 @@ def test_cli_lists_gradient_rows_in_the_csv(tmp_path):
     data = json.loads((out / "x" / "results.json").read_text())
     rows = data["rows"] if isinstance(data, dict) else data
     assert {"y", "grad_gate_up"} <= {r["output"] for r in rows}
-    assert REPO.exists()

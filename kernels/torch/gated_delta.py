@@ -25,10 +25,6 @@ def _f(t):
     return None if t is None else t.to(F32)
 
 
-def _cat_pieces(like, parts):
-    return gold._assemble(like, parts)
-
-
 # -- chunk_local_cumsum ------------------------------------------------------------------
 def local_cumsum(g, cu_seqlens, chunk_size, reverse, bounds=gold.chunks):
     """Chunk-local (reverse) cumsum in fp32; ``bounds`` gives a sequence's chunks."""
@@ -38,7 +34,7 @@ def local_cumsum(g, cu_seqlens, chunk_size, reverse, bounds=gold.chunks):
             piece = g[b, s:e]
             c = piece.flip(0).cumsum(0).flip(0) if reverse else piece.cumsum(0)
             parts.append((b, s, e, c))
-    return _cat_pieces(g, parts)
+    return gold.assemble(g, parts)
 
 
 def _cumsum_out_dtype(g, output_dtype):
@@ -77,10 +73,6 @@ def kkt_chunk(k, g, beta, decay=masked_decay):
     return a * decay(diff, mask)
 
 
-def _pad(block, width):
-    return gold._pad_cols(block, width)
-
-
 @kernel("chunk_scaled_dot_kkt")
 def chunk_scaled_dot_kkt(k, g=None, beta=None, cu_seqlens=None, *, chunk_size=64):
     gold.check_kkt(k, g, beta, cu_seqlens, chunk_size)
@@ -89,8 +81,8 @@ def chunk_scaled_dot_kkt(k, g=None, beta=None, cu_seqlens=None, *, chunk_size=64
     for b, start, end in gold.segments(k.shape[0], k.shape[1], cu_seqlens):
         for s, e in gold.chunks(start, end, chunk_size):
             blk = kkt_chunk(kf[b, s:e], None if gf is None else gf[b, s:e], bf[b, s:e])
-            parts.append((b, s, e, _pad(blk, chunk_size)))
-    return _cat_pieces(torch.zeros(*k.shape[:3], chunk_size, dtype=F32, device=k.device), parts)
+            parts.append((b, s, e, gold.pad_cols(blk, chunk_size)))
+    return gold.assemble(torch.zeros(*k.shape[:3], chunk_size, dtype=F32, device=k.device), parts)
 
 
 # -- solve_tril: 16x16 diagonal blocks inverted, then merged 32 -> 64 ----------------------
@@ -140,8 +132,8 @@ def solve_tril_fp32(A, cu_seqlens, merge=True):
         for s, e in gold.chunks(start, end, bt):
             m = A[b, s:e, :, :e - s].to(F32).permute(1, 0, 2)  # [H, L, L]
             inv = inverse_unit_lower(m, merge).permute(1, 0, 2)
-            parts.append((b, s, e, _pad(inv, bt)))
-    return _cat_pieces(torch.zeros(A.shape, dtype=F32, device=A.device), parts)
+            parts.append((b, s, e, gold.pad_cols(inv, bt)))
+    return gold.assemble(torch.zeros(A.shape, dtype=F32, device=A.device), parts)
 
 
 @kernel("solve_tril")
@@ -172,7 +164,7 @@ def recompute_w_u(k, v, beta, A, g=None, cu_seqlens=None):
                             None if gf is None else gf[b, s:e])
             w_parts.append((b, s, e, w))
             u_parts.append((b, s, e, u))
-    return (_cat_pieces(kf, w_parts).to(k.dtype), _cat_pieces(vf, u_parts).to(v.dtype))
+    return (gold.assemble(kf, w_parts).to(k.dtype), gold.assemble(vf, u_parts).to(v.dtype))
 
 
 # -- chunk_gated_delta_rule ----------------------------------------------------------------
@@ -220,7 +212,7 @@ def gated_delta_chunked(q, k, v, g, beta, initial_state, cu_seqlens, scale, l2,
                      + torch.einsum("jhk,jhv->hkv",
                                     kc * torch.exp(g_last[None, :] - gcc)[..., None], v_new))
         finals.append(state)
-    return _cat_pieces(vf, o_parts), torch.stack(finals, 0)
+    return gold.assemble(vf, o_parts), torch.stack(finals, 0)
 
 
 @kernel("chunk_gated_delta_rule")
