@@ -47,6 +47,18 @@ def test_planted_triton_bugs_fail():
     assert caught["triton_tail_mask_off_by_one"] and caught["triton_eps_inside_sqrt"]
 
 
+def test_triton_backward_kernels_pass_and_the_planted_backward_bug_fails():
+    res = verify.run(level="L0", ops=["clipped_swiglu", "rmsnorm_without_weight"],
+                     backends=["triton", "mutants"], reports=False)
+    tri = [r for r in res.rows if r["backend"] == "triton"]
+    assert {r["output"] for r in tri} >= {"y", "grad_gate_up", "rstd", "grad_x"}
+    assert all(r["verdict"] == "PASS" for r in tri), [r for r in tri if r["verdict"] != "PASS"]
+    bug = [r for r in res.rows if r["kernel"] == "triton_swiglu_grad_without_alpha"
+           and r["standard"] != "expect_error"]
+    assert all(r["verdict"] == "PASS" for r in bug if r["output"] == "y")
+    assert any(r["verdict"] == "FAIL" for r in bug if r["output"] == "grad_gate_up")
+
+
 def test_the_interpreters_truncating_bf16_conversion_shows():
     res = verify.run(level="L0", ops=["apply_adam_w_v2"], backends=["triton", "torch"],
                      dtypes=["bf16"], reports=False)
