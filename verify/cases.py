@@ -228,7 +228,6 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         in_shapes = {n: spec.input(n).shape_for(main) for n in spec.input_names}
         for n, templ in raw.get("shapes", {}).items():
             in_shapes[n] = _resolve(templ, dim_map, fail, f".shapes.{n}")
-
         canon = dt.canonical_name(dtype_name)
         in_dtypes = {n: spec.input_dtype(n, canon) for n in spec.input_names}
         for n, dname in raw.get("dtypes", {}).items():
