@@ -256,8 +256,9 @@ def _bsd_of(main):
     return (main[0], main[1], main[3])
 
 
-def _d_terms(name):
-    return lambda shapes: shapes["residual"][-1]
+def _d_terms(shapes):
+    """grad_h_post and grad_h_res sum over the D columns of each stream."""
+    return shapes["residual"][-1]
 
 
 @declare_op(
@@ -273,7 +274,7 @@ def _d_terms(name):
     validate=_check_mhc_post,
     ranks=(4, 4),
     grads=Gradients(wrt=("x", "residual", "h_post", "h_res"),
-                    reduced={"h_post": _d_terms("h_post"), "h_res": _d_terms("h_res"),
+                    reduced={"h_post": _d_terms, "h_res": _d_terms,
                              "x": lambda shapes: shapes["residual"][2]}),
     description="out[b,s,i,d] = h_post[b,s,i]*x[b,s,d] + sum_j h_res[b,s,j,i]*"
                 "residual[b,s,j,d], h_res in the user's layout [B,S,N,N]; fp32 inside.",

@@ -163,7 +163,7 @@ def _kernel_grads(spec, case, kern, device, first_inputs, graph, upstream) -> di
                     f"output '{key[5:]}' carries no autograd graph: make the kernel "
                     f"differentiable (torch ops or a torch.autograd.Function) or register "
                     f"its backward with @verify.backward_kernel")
-            pairs.append((out, up.to(out.dtype) if up.dtype != out.dtype else up))
+            pairs.append((out, up.to(out.dtype)))
         grads = torch.autograd.grad([p[0] for p in pairs], list(leaves.values()),
                                     grad_outputs=[p[1] for p in pairs], allow_unused=True)
         by_input = dict(zip(leaves, grads))

@@ -102,33 +102,11 @@ def unclamped_decay(diff, mask):
     return torch.exp(diff) * mask.to(diff.dtype)
 
 
-def _gated_delta(decay=good.clamped_decay, gate_beta=lambda b: b):
-    def run(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, scale=None,
-            output_final_state=True, use_qk_l2norm_in_kernel=False, chunk_size=64):
-        gold.check_gated_delta(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size)
-        o, final = good.gated_delta_chunked(q, k, v, g, beta, initial_state, cu_seqlens,
-                                            scale, use_qk_l2norm_in_kernel, chunk_size,
-                                            decay=decay, gate_beta=gate_beta)
-        return (o.to(q.dtype), final) if output_final_state else o.to(q.dtype)
-    return run
+kernel("chunk_gated_delta_rule", backend="mutants", name="exp_clamp_missing")(
+    good.gated_delta_kernel(decay=unclamped_decay, doc=(
+        "Forward bug: exp(g_i - g_j) unclamped over the whole chunk, then masked by a "
+        "multiply: NaN once a chunk's gates span more than ~88 (fp32 exp overflow).")))
 
-
-@mutant("chunk_gated_delta_rule")
-def exp_clamp_missing(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, scale=None,
-                      output_final_state=True, use_qk_l2norm_in_kernel=False, chunk_size=64):
-    """Forward bug: exp(g_i - g_j) unclamped over the whole chunk, then masked by a
-    multiply: NaN once a chunk's gates span more than ~88 (fp32 exp overflow)."""
-    return _gated_delta(decay=unclamped_decay)(
-        q, k, v, g, beta, initial_state, cu_seqlens, scale=scale,
-        output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
-
-
-@mutant("chunk_gated_delta_rule")
-def beta_detached(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, scale=None,
-                  output_final_state=True, use_qk_l2norm_in_kernel=False, chunk_size=64):
-    """Backward bug: beta treated as a constant, so d beta is 0."""
-    return _gated_delta(gate_beta=lambda b: b.detach())(
-        q, k, v, g, beta, initial_state, cu_seqlens, scale=scale,
-        output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, chunk_size=chunk_size)
+kernel("chunk_gated_delta_rule", backend="mutants", name="beta_detached")(
+    good.gated_delta_kernel(gate_beta=lambda b: b.detach(), doc=(
+        "Backward bug: beta treated as a constant, so d beta is 0.")))

@@ -182,23 +182,8 @@ def rms_norm_rope_fused(x, weight, cos, sin, *, eps=1e-6, layout="rotate_half"):
 
 
 # -- chunk_gated_delta_rule: the exp clamp of gate differences -------------------------
-def _gated_delta_route(decay, doc):
-    def route(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, scale=None,
-              output_final_state=True, use_qk_l2norm_in_kernel=False, chunk_size=64):
-        gdr.gold.check_gated_delta(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size)
-        o, final = gdr.gated_delta_chunked(q, k, v, g, beta, initial_state, cu_seqlens, scale,
-                                           use_qk_l2norm_in_kernel, chunk_size, decay=decay)
-        return (o.to(q.dtype), final) if output_final_state else o.to(q.dtype)
-    route.__doc__ = doc
-    return route
-
-
-def _register_gated_delta_routes():
-    strategy("chunk_gated_delta_rule", "exp_clamp_upper_0")(_gated_delta_route(
-        gdr.clamped_decay, "exp(min(g_i - g_j, 0)) under the causal mask: exact, no overflow."))
-    strategy("chunk_gated_delta_rule", "exp_clamp_-9_0")(_gated_delta_route(
-        gdr.doc_clamped_decay, "exp(clamp(g_i - g_j, -9, 0)), the document's clamp: biased "
-        "once a chunk's gates span more than 9."))
-
-
-_register_gated_delta_routes()
+strategy("chunk_gated_delta_rule", "exp_clamp_upper_0")(gdr.gated_delta_kernel(
+    gdr.clamped_decay, doc="exp(min(g_i - g_j, 0)) under the causal mask: exact, no overflow."))
+strategy("chunk_gated_delta_rule", "exp_clamp_-9_0")(gdr.gated_delta_kernel(
+    gdr.doc_clamped_decay, doc="exp(clamp(g_i - g_j, -9, 0)), the document's clamp: biased "
+    "once a chunk's gates span more than 9."))

@@ -215,12 +215,21 @@ def gated_delta_chunked(q, k, v, g, beta, initial_state, cu_seqlens, scale, l2,
     return gold.assemble(vf, o_parts), torch.stack(finals, 0)
 
 
-@kernel("chunk_gated_delta_rule")
-def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *,
-                           scale=None, output_final_state=True,
-                           use_qk_l2norm_in_kernel=False, chunk_size=64):
-    gold.check_gated_delta(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size)
-    o, final = gated_delta_chunked(q, k, v, g, beta, initial_state, cu_seqlens, scale,
-                                   use_qk_l2norm_in_kernel, chunk_size)
-    o = o.to(q.dtype)
-    return (o, final) if output_final_state else o
+def gated_delta_kernel(decay=clamped_decay, gate_beta=lambda b: b, doc: str = ""):
+    """A chunk_gated_delta_rule kernel with the op's signature over gated_delta_chunked;
+    the default one, the strategy routes and the known-bad kernels differ only in
+    ``decay`` and ``gate_beta``."""
+    def run(q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, scale=None,
+            output_final_state=True, use_qk_l2norm_in_kernel=False, chunk_size=64):
+        gold.check_gated_delta(q, k, v, g, beta, initial_state, cu_seqlens, chunk_size)
+        o, final = gated_delta_chunked(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+                                       use_qk_l2norm_in_kernel, chunk_size, decay=decay,
+                                       gate_beta=gate_beta)
+        o = o.to(q.dtype)
+        return (o, final) if output_final_state else o
+    run.__doc__ = doc
+    return run
+
+
+chunk_gated_delta_rule = kernel("chunk_gated_delta_rule")(gated_delta_kernel(
+    doc="Chunked fp32: cumsum, KK^T, 16x16 block inverse, WY, state per chunk, output."))
