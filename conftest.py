@@ -1,20 +1,7 @@
-"""Wires the verify pytest plugin for in-repo runs.
+"""Switches the verify pytest plugin on for this repo's pytest runs.
 
-Installed (``make setup``), the plugin comes in through its pytest11 entry point; run from
-a bare checkout, this file puts the repo on sys.path and loads the plugin itself.
+The installed package registers no pytest11 entry point, so other pytest projects in the
+same environment never see it; here `pytest --level L1 -n auto -k adamw` works because of
+this line (a user's project does the same, or runs `pytest -p verify`).
 """
-import os
-import sys
-from importlib.metadata import entry_points
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-def _entry_point_active() -> bool:
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        return False
-    return any(ep.value == "verify.pytest_plugin" for ep in entry_points(group="pytest11"))
-
-
-if not _entry_point_active():
-    pytest_plugins = ["verify.pytest_plugin"]
+pytest_plugins = ["verify.pytest_plugin"]

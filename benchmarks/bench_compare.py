@@ -11,7 +11,7 @@ import time
 import torch
 
 from verify import metrics
-from verify.compare import compare
+from verify.comparison import compare
 
 SHAPE = (7168, 4096)
 REPEATS = 5

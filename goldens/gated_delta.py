@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from goldens.fused_training import FLOATS, MIXED, NONE
+from verify.goldens.fused_training import FLOATS, MIXED, NONE
 from verify.registry import Gradients, InputSpec, OutputSpec, declare_op
 
 SOLVE_TRIL_BLOCKS = (16, 32, 64)

@@ -190,7 +190,7 @@ def test_a_failing_kernel_gives_exit_1_and_a_diff_table(tmp_path):
     mod = tmp_path / "bad.py"
     mod.write_text(textwrap.dedent('''
         import verify
-        from kernels.torch.optimizers import apply_rms_prop
+        from verify.kernels.torch.optimizers import apply_rms_prop
 
         @verify.kernel("apply_rms_prop", backend="bad")
         def off_by_a_bit(var, ms, mom, grad, **p):

@@ -195,7 +195,7 @@ def test_adamw_analytic_smoke():
 
 def test_chunked_golden_equals_plain_formula(monkeypatch):
     """Chunking changes nothing: a tiny chunk size gives bitwise the same AdamW golden."""
-    from goldens import chunked
+    from verify.goldens import chunked
     w, g = rand(70, 90, seed=30), rand(70, 90, seed=31)
     m, v = rand(70, 90, seed=32, scale=0.1), rand(70, 90, seed=33, positive=True)
     whole = verify.op("apply_adam_w_v2").golden(weight=w, grad=g, m=m, v=v)

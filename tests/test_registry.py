@@ -235,7 +235,7 @@ def test_a_killed_writer_leaves_no_visible_partial_golden(tmp_path):
 
 TWO_KERNELS = """
 import verify
-from kernels.torch.optimizers import apply_adam_w_v2
+from verify.kernels.torch.optimizers import apply_adam_w_v2
 for name in ("a", "b", "c", "d"):
     verify.kernel("apply_adam_w_v2", backend=name)(apply_adam_w_v2)
 """

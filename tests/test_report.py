@@ -103,7 +103,7 @@ def test_report_rebuilds_from_results_json(run_dir, tmp_path):
 
 PLANTED = textwrap.dedent('''
     import verify
-    from kernels.torch import optimizers as good
+    from verify.kernels.torch import optimizers as good
 
     @verify.kernel("apply_rms_prop", backend="torch")
     def apply_rms_prop(var, ms, mom, grad, **p):

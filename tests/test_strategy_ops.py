@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import verify
 from verify import strategies
-from verify.compare import compare_topk
+from verify.comparison import compare_topk
 
 D64 = torch.float64
 
@@ -49,7 +49,7 @@ def test_fully_masked_rows_give_zero_not_nan():
     q, k, v = rand(1, 2, 12, 16, seed=6), rand(1, 2, 8, 16, seed=7), rand(1, 2, 8, 16, seed=8)
     (o,) = verify.op("attention").golden(q=q, k=k, v=v, causal=True)
     assert torch.equal(o[:, :, :4], torch.zeros_like(o[:, :, :4])) and not o.isnan().any()
-    from kernels.strategies import routes
+    from verify.kernels.strategies import routes
     for fn in (routes.attention_whole_row, routes.attention_online, routes.attention_bf16_pv_split):
         out = fn(q.float(), k.float(), v.float(), causal=True, block_size=3)
         assert not out.isnan().any() and torch.equal(out[:, :, :4], torch.zeros(1, 2, 4, 16))

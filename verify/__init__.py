@@ -1,20 +1,60 @@
 """kernel-verify: prove a kernel precise enough against float64 goldens.
 
-Python API:
+Python API (README "Use it in your project"):
     verify.ops()                                   names of the registered ops
     verify.op(name).golden(**inputs, **params)     the float64 golden
+    verify.op(name).signature()                    the call convention of its kernels
     verify.compare(actual, golden, dtype=..., standard=...)  -> Verdict
     verify.run(level="L0", ops=..., backends=...)  -> RunResult (.df is a DataFrame)
-    @verify.kernel("apply_adam_w_v2", backend="mine")  register your kernel
+    @verify.kernel("apply_adam_w_v2", backend="mine")  register your kernel (named after
+                                                   the function, or name=...)
     @verify.backward_kernel("mhc_post", backend="mine")  its separate backward (optional:
                                                    otherwise autograd through the kernel)
+    @verify.declare_op("my_op", inputs=[verify.InputSpec("x")], ...)  declare your own op
+                                                   on its float64 golden
+
+Names are imported on first use, so ``import verify`` (and ``verify --help``) stays cheap.
+As a pytest plugin it is switched on explicitly: ``pytest -p verify`` or
+``pytest_plugins = ["verify"]`` in a conftest.py; installing the package changes nothing
+for other pytest runs.
 """
 from __future__ import annotations
 
-from .api import RunResult, run
-from .compare import Verdict, compare
-from .errors import CaseFileError, ConfigError
-from .registry import backward_kernel, kernel, op, ops
+import importlib
+import os as _os
 
-__all__ = ["ops", "op", "compare", "run", "kernel", "backward_kernel", "Verdict", "RunResult", "ConfigError",
-           "CaseFileError"]
+# ``-p verify`` registers this module as a pytest plugin; pytest then loads the real one.
+pytest_plugins = ["verify.pytest_plugin"]
+
+# In a source checkout the built-in op pack sits beside this package (goldens/, kernels/,
+# test_cases/); installed, it lives under verify/. A bare checkout resolves the same names.
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+_ROOT = _os.path.dirname(_HERE)
+if not _os.path.isdir(_os.path.join(_HERE, "goldens")) and all(
+        _os.path.isfile(_os.path.join(_ROOT, d, "__init__.py")) for d in ("goldens", "kernels")):
+    __path__.append(_ROOT)  # noqa: F821  (a package's __path__)
+
+_EXPORTS = {
+    "run": "api", "RunResult": "api",
+    "compare": "comparison", "Verdict": "comparison",
+    "ConfigError": "errors", "CaseFileError": "errors",
+    "ops": "registry", "op": "registry", "kernel": "registry", "backward_kernel": "registry",
+    "declare_op": "registry", "InputSpec": "registry", "OutputSpec": "registry",
+    "Gradients": "registry", "broadcast_length": "registry", "WORKING": "registry",
+    "Backend": "registry", "register_backend": "registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verify' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"verify.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

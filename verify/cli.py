@@ -13,13 +13,16 @@ import logging
 import os
 import sys
 
-from . import registry, selection
 from .errors import ConfigError
+
+# Heavy modules (torch, pandas, the op pack) are imported by the commands that need them,
+# so `verify --help` answers at once.
 
 
 def _add_store(p, registry_too=False):
     p.add_argument("--store", default=None,
-                   help="local golden store folder (default VERIFY_STORE or .verify-store)")
+                   help="local golden store folder (default VERIFY_STORE, else the user's "
+                        "cache folder: `verify golden ls` prints it)")
     if registry_too:
         p.add_argument("--registry", default=None,
                        help="golden registry URL (default VERIFY_REGISTRY); goldens are read "
@@ -30,7 +33,9 @@ def _add_store(p, registry_too=False):
 
 def _add_selection(p):
     p.add_argument("--level", default="L0", help="L0, L1, 'L0,L1' or 'all' (default L0)")
-    p.add_argument("--cases", default=None, help="folder of case files (default test_cases/)")
+    p.add_argument("--cases", default=None,
+                   help="folder of case files (default VERIFY_CASES, else the built-in cases "
+                        "and those of every declared op pack)")
     p.add_argument("--op", action="append", default=[], help="only this op; repeatable")
     p.add_argument("--dtype", action="append", default=[],
                    help="only this working dtype; repeatable")
@@ -43,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="verify kernels against their float64 goldens")
     _add_selection(run)
     run.add_argument("--kernels", action="append", default=[],
-                     help="your kernel module: dotted name or .py path; repeatable")
+                     help="your module of kernels and/or op declarations: dotted name or "
+                          ".py path; repeatable")
     run.add_argument("--backend", action="append", default=[],
                      help="run only this backend (e.g. torch, mutants, yours); repeatable")
     run.add_argument("-n", "--workers", default=None,
@@ -51,15 +57,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     run.add_argument("--reports", default=None, help="report folder (default reports/)")
     run.add_argument("--run-id", default=None, help="name of this run's report folder")
-    run.add_argument("-v", "--verbose", action="store_true", help="one line per item")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="one line per item and every row in the summary (default: a line "
+                          "per op and kernel, then the rows that did not pass)")
     run.add_argument("--time", type=int, nargs="?", const=5, default=0, metavar="N",
                      help="also record each kernel's median wall time over N calls (5)")
     run.add_argument("--progress-every", type=float, default=10.0,
                      help="seconds between progress lines (cases done and left, op, elapsed)")
     _add_store(run, registry_too=True)
 
-    ls = sub.add_parser("ops", help="list the registered ops, their kernels and standards")
-    ls.add_argument("--kernels", action="append", default=[])
+    ls = sub.add_parser("ops", help="list the registered ops; with OP, its call signature")
+    ls.add_argument("op", nargs="*", help="show these ops in full: inputs, params, outputs, "
+                                          "gradients, standard, kernels")
+    ls.add_argument("--kernels", action="append", default=[],
+                    help="your module of kernels and/or op declarations; repeatable")
 
     srv = sub.add_parser("serve", help="serve a golden store over HTTP")
     _add_store(srv)
@@ -106,16 +117,16 @@ def _parser() -> argparse.ArgumentParser:
     gc = gsub.add_parser("gc", help="remove goldens no case or golden version refers to")
     _add_store(gc)
     gc.add_argument("--cases", action="append", default=[],
-                    help="case folders whose goldens stay (default test_cases/); repeatable")
+                    help="case folders whose goldens stay (default: the built-in cases and "
+                         "those of declared op packs); repeatable")
     return p
 
 
 def _pytest_args(a) -> list[str]:
     # --opt=value forms and an explicit rootdir: pytest must not take option values (such
     # as --reports /tmp/x) for paths when it picks its rootdir
-    args = ["-p", "no:cacheprovider", f"--rootdir={os.getcwd()}", f"--level={a.level}"]
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        args = ["-p", "verify"] + args
+    args = ["-p", "verify.pytest_plugin", "-p", "no:cacheprovider", f"--rootdir={os.getcwd()}",
+            f"--level={a.level}"]
     for flag, values in (("--kernels", a.kernels), ("--backend", a.backend), ("--op", a.op),
                          ("--dtype", a.dtype)):
         args += [f"{flag}={v}" for v in values]
@@ -140,6 +151,8 @@ def _pytest_args(a) -> list[str]:
 def cmd_run(a) -> int:
     import pytest
 
+    from . import selection
+
     sel = selection.Selection(level=a.level, cases_dir=a.cases, ops=a.op or None,
                               dtypes=a.dtype or None, backends=a.backend or None,
                               kernel_modules=a.kernels)
@@ -154,19 +167,18 @@ def cmd_run(a) -> int:
 
 
 def cmd_ops(a) -> int:
+    from . import oplist, registry
+
     for module in a.kernels:
         registry.load_user_module(module)
+    registry.load_backends()  # show the kernels of every backend that can run here
+    if a.op:
+        from . import selection
+        names = selection.expand_op_names(a.op)
+        print("\n\n".join(oplist.describe(registry.op(n)) for n in names))
+        return 0
     for name in registry.ops():
-        spec = registry.op(name)
-        kerns = ", ".join(k.id + ("+backward" if k.backward else "")
-                          for k in registry.kernels(name))
-        grads = ""
-        if spec.grads:
-            reduced = set(spec.grads.reduced)
-            grads = "  grads=[" + ", ".join(w + ("*" if w in reduced else "")
-                                             for w in spec.grads.wrt) + "]"
-        print(f"{name}  dtypes={','.join(spec.dtypes)}  standard={spec.standard}{grads}  "
-              f"kernels=[{kerns}]")
+        print(oplist.one_line(registry.op(name)))
     return 0
 
 
@@ -174,7 +186,7 @@ def cmd_serve(a) -> int:
     from .service import serve
     from .store import default_store_dir
 
-    serve(a.store or default_store_dir(), host=a.host, port=a.port, token=a.token,
+    serve(a.store or default_store_dir(create=True), host=a.host, port=a.port, token=a.token,
           max_body=a.max_body_mb << 20)
     return 0
 
@@ -207,7 +219,7 @@ def cmd_strategies(a) -> int:
 
     import pandas as pd
 
-    from . import results, strategies
+    from . import registry, results, selection, strategies
 
     for module in a.kernels:
         registry.load_user_module(module)
@@ -244,10 +256,14 @@ def cmd_golden(a) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .store import GoldenStore, default_store_dir
+    from . import selection
+    from .store import GoldenStore, default_store_dir, existing_store_dir
 
     console = Console(highlight=False)
-    store_dir = a.store or default_store_dir()
+    if a.golden_command == "warm":
+        return _warm(a, a.store or default_store_dir(create=True), console)
+    # commands that read a store refuse a folder that is not there (never create one)
+    store_dir = existing_store_dir(a.store)
     if a.golden_command == "ls":
         store = GoldenStore(store_dir)
         table = Table(title=f"goldens in {store_dir}", header_style="bold")
@@ -261,8 +277,6 @@ def cmd_golden(a) -> int:
         stats = store.stats()
         console.print(f"{stats['goldens']} goldens, {_human(stats['bytes'])}")
         return 0
-    if a.golden_command == "warm":
-        return _warm(a, store_dir, console)
     if a.golden_command == "check":
         store = GoldenStore(store_dir)
         bad = store.check()
@@ -272,7 +286,7 @@ def cmd_golden(a) -> int:
         return 1 if bad else 0
     if a.golden_command == "gc":
         store = GoldenStore(store_dir)
-        live = selection.live_golden_keys(a.cases or [selection.default_cases_dir()])
+        live = selection.live_golden_keys(a.cases or selection.default_case_sources())
         result = store.gc(live)
         console.print(f"removed {result['entries_removed']} goldens no case refers to, "
                       f"freed {_human(result['bytes_freed'])}; {store.stats()['goldens']} kept")
@@ -284,7 +298,7 @@ def _warm(a, store_dir: str, console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn)
 
-    from . import golden_source
+    from . import golden_source, registry, selection
 
     cases = selection.select_cases(selection.Selection(
         level=a.level, cases_dir=a.cases, ops=a.op or None, dtypes=a.dtype or None))
@@ -311,7 +325,7 @@ def _warm(a, store_dir: str, console) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="verify: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="verify: %(message)s", force=True)
     args = _parser().parse_args(argv)
     commands = {"run": cmd_run, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
                 "report": cmd_report, "diff": cmd_diff, "strategies": cmd_strategies}

@@ -1,9 +1,11 @@
 """pytest plugin: each case x kernel is one test item, e.g.
 ``apply_adam_w_v2[L0-smoke-bf16-8x8-torch]``.
 
-Active when ``--level`` is given; then only case items are collected. Items attach their
-result rows to the test report, so under pytest-xdist every worker's rows reach the
-controller, which writes one merged report and the terminal summary.
+Switched on explicitly (``pytest -p verify``, or ``pytest_plugins = ["verify"]`` in a
+conftest.py); it only adds options until ``--level`` is given, and then only case items
+are collected. Items attach their result rows to the test report, so under pytest-xdist
+every worker's rows reach the controller, which writes one merged report and the
+terminal summary (verdict first; ``-v`` for every row).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def pytest_addoption(parser):
                 help="folder of run reports (default reports/, or VERIFY_REPORTS)")
     g.addoption("--run-id", default=None, help="name of this run's report folder")
     g.addoption("--store", default=None,
-                help="local golden store folder (default VERIFY_STORE or .verify-store)")
+                help="local golden store folder (default VERIFY_STORE, else the user's "
+                     "cache folder)")
     g.addoption("--registry", default=None, help="golden registry URL (or VERIFY_REGISTRY)")
     g.addoption("--registry-required", action="store_true", default=False,
                 help="a usage error when the registry cannot be reached")
@@ -48,10 +51,20 @@ def _active(config) -> bool:
     return config.getoption("--level", default=None) is not None
 
 
+@pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config):
     config.addinivalue_line("markers", "verify_case: a generated precision case item")
     if not _active(config):
         return
+    # the precision summary carries the verdicts and diff tables: pytest's own failure
+    # sections would repeat them once per item (unless asked for with --tb / -r)
+    if config.option.tbstyle == "auto":
+        config.option.tbstyle = "no"
+    if config.option.reportchars == "fE":
+        config.option.reportchars = ""
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.reportchars = "w" if "w" in tr.reportchars else ""
     if hasattr(config, "workerinput"):  # before any kernel touches a device
         devices.pin_worker(config.workerinput.get("workerid"))
     runner.TIMING["repeats"] = config.getoption("verify_time") or 0
@@ -220,7 +233,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     tr = terminalreporter
     tr.write_sep("=", "precision summary")
-    tr.write(results.summary_text(rows, config._verify_run_dir, color=tr.hasmarkup))
+    tr.write(results.summary_text(rows, config._verify_run_dir, color=tr.hasmarkup,
+                                  verbose=config.option.verbose > 0))
+    if not config.getoption("--backend"):
+        for line in selection.unavailable_backends():
+            tr.write_line(f"not run here: backend {line}")
     diffs = results.diff_tables_text([r for r in rows if r.get("expected") == "PASS"], limit=5)
     if diffs:
         tr.write_sep("-", "worst elements of failing outputs (all in diff_tables.txt)")

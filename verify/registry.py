@@ -5,14 +5,21 @@ distributions, its params with defaults, its outputs with dtype rules, its float
 its default standard and the input validation of the real kernel wrapper. Kernels of any
 backend register against an op name with ``@kernel(op, backend=...)`` and share the
 golden's calling convention ``fn(**inputs, **params) -> outputs in declared order``.
+
+Where ops and kernels come from: the built-in op pack (``verify.goldens``,
+``verify.kernels``; optional backends such as Triton and PyPTO are imported only when a
+run uses them), installed op packs (entry-point group ``kernel_verify.packs``) and the
+user's modules (``--kernels``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import json
+import logging
 import math
 import os
 import pkgutil
@@ -46,6 +53,25 @@ class InputSpec:
 
     def shape_for(self, main: Sequence[int]) -> tuple[int, ...]:
         return tuple(self.shape(tuple(main))) if self.shape else tuple(main)
+
+    def describe(self, working: str = "the case's dtype") -> str:
+        """One line for ``verify ops OP``: dtype rule, shape rule, default distribution."""
+        dtype = working if self.dtype == WORKING else self.dtype
+        shape = "the case's shape" if self.shape is None else _rule_text(self.shape)
+        flags = (", per step" if self.per_step else "") + (", optional" if self.optional else "")
+        dist = ", ".join(f"{k}={v}" for k, v in self.dist.items())
+        return f"{self.name}: dtype {dtype}; shape {shape}; default {dist}{flags}"
+
+
+def _rule_text(fn) -> str:
+    """A shape or dtype rule in words: its docstring, else its source line."""
+    doc = inspect.getdoc(fn)
+    if doc:
+        return doc.split("\n")[0]
+    try:
+        return " ".join(inspect.getsource(fn).split())
+    except (OSError, TypeError):
+        return getattr(fn, "__name__", "a rule")
 
 
 @dataclass(frozen=True)
@@ -110,14 +136,15 @@ class OpSpec:
     dtypes: tuple[str, ...]
     standard: dict
     validate_fn: Callable[..., None] | None = None
-    ranks: tuple[int, int] = (2, 2)
+    ranks: tuple[int, int] = (0, 8)
     feedback: dict[str, str] = field(default_factory=dict)  # input <- output, multi-step
     step_param: str | None = None  # incremented at every step of a multi-step case
     aliases: tuple[str, ...] = ()
     description: str = ""
     version: str | None = None  # explicit golden version bump
     grads: Gradients | None = None
-
+    cases: str | None = None  # the op's own case file or folder (user op packs)
+    where: str = ""  # file:line of the golden, for messages
     # -- the public surface -------------------------------------------------------
     def golden(self, **kwargs):
         """Run the float64 golden: inputs are upcast to float64 on the CPU first."""
@@ -195,27 +222,38 @@ class OpSpec:
 
     @property
     def golden_version(self) -> str:
-        """Hash of the golden's module source (the golden and every helper beside it), the
-        input generator's source and the declaration: a changed golden is a new key.
-        An explicit ``version`` replaces the source hash."""
+        """A hash of the golden's code and every project function it reaches, of the input
+        generator's code and of the declaration (verify/golden_version.py): a changed
+        golden, or a changed helper it calls, is a new key; a comment is not. An explicit
+        ``version`` replaces the code hash."""
+        cached = self.__dict__.get("_golden_version")
+        if cached:
+            return cached
         if self.version:
             return self.version
+        from . import golden_version as gv
         from . import inputs as input_module
-        try:
-            src = inspect.getsource(inspect.getmodule(self.golden_fn))
-            src += inspect.getsource(input_module)
-        except (OSError, TypeError):
-            src = repr(self.golden_fn)
         decl = {
             "inputs": [(i.name, i.dtype) for i in self.inputs],
             "params": {k: repr(v) for k, v in self.params.items()},
             "outputs": [(o.name, o.dtype if isinstance(o.dtype, str) else
-                         inspect.getsource(o.dtype).strip()) for o in self.outputs],
+                         gv.normalized_source(inspect.getsource(o.dtype))[0])
+                        for o in self.outputs],
             "grads": None if self.grads is None else [list(self.grads.wrt),
                                                       list(self.grads.of or [])],
         }
-        blob = src + json.dumps(decl, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        blob = gv.fingerprint(self.golden_fn, [input_module]) + json.dumps(decl, sort_keys=True)
+        self.__dict__["_golden_version"] = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return self.__dict__["_golden_version"]
+
+    def signature(self) -> str:
+        """The call convention every kernel of this op follows, as Python would show it:
+        ``op(input, ..., *, param=default, ...) -> (output, ...)``."""
+        ins = [i.name + ("=None" if i.optional else "") for i in self.inputs]
+        params = [f"{k}={v!r}" for k, v in self.params.items()]
+        outs = self.output_names
+        ret = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
+        return f"{self.name}({', '.join(ins + (['*'] + params if params else []))}) -> {ret}"
 
 
 def _as_float64(value):
@@ -227,28 +265,69 @@ def _as_float64(value):
 _OPS: dict[str, OpSpec] = {}
 
 
-def declare_op(name: str, *, inputs, params, outputs, dtypes, standard, validate=None,
-               ranks=(2, 2), feedback=None, step_param=None, aliases=(), description="",
-               version=None, grads=None):
-    """Decorator for a float64 golden function: declares the op it is the golden of."""
+def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[OutputSpec],
+               params: dict | None = None, dtypes: Sequence[str] = ("fp32", "fp16", "bf16"),
+               standard: str | dict = "cann_v2", validate: Callable[..., None] | None = None,
+               ranks: tuple[int, int] | None = None, feedback: dict | None = None,
+               step_param: str | None = None, aliases: Sequence[str] = (),
+               description: str = "", version: str | None = None,
+               grads: Gradients | None = None, cases: str | os.PathLike | None = None):
+    """Decorator for a float64 golden function: declares the op it is the golden of.
+
+    inputs / outputs: ``InputSpec`` / ``OutputSpec`` in call order; params: name ->
+    default; dtypes: the working dtypes cases may use; standard: the default precision
+    standard (a name or a dict); validate: the real wrapper's input checks (raise
+    TypeError / ValueError: ``expect_error`` cases test them); ranks: (min, max) rank of a
+    case's main shape (default any); grads: the backward it declares; cases: the op's case
+    file or folder (relative to the declaring file), used when ``--cases`` is not given.
+    """
 
     def wrap(golden_fn):
+        where = _where(golden_fn)
         if name in _OPS:
-            raise ConfigError(f"op '{name}' is declared twice")
+            raise ConfigError(f"op '{name}' is declared twice: at {_OPS[name].where} and at "
+                              f"{where}")
         flags = [o.golden_only for o in outputs]
         if flags != sorted(flags):
             raise ConfigError(f"op '{name}': golden-only outputs must come last")
+        bad = [x for x in list(inputs) + list(outputs)
+               if not isinstance(x, (InputSpec, OutputSpec))]
+        if bad:
+            raise ConfigError(f"op '{name}' ({where}): inputs and outputs must be "
+                              f"verify.InputSpec / verify.OutputSpec, got {bad[0]!r}")
+        case_path = None
+        if cases is not None:
+            base = os.path.dirname(os.path.abspath(inspect.getsourcefile(golden_fn) or "."))
+            case_path = os.path.normpath(os.path.join(base, os.fspath(cases)))
+        try:
+            dtype_names = tuple(dt.canonical_name(d) for d in dtypes)
+        except KeyError as exc:
+            raise ConfigError(f"op '{name}' ({where}): unknown dtype {exc}; known: "
+                              f"{', '.join(dt.DTYPE_NAMES)}") from None
         _OPS[name] = OpSpec(
-            name=name, inputs=tuple(inputs), params=dict(params), outputs=tuple(outputs),
-            golden_fn=golden_fn, dtypes=tuple(dt.canonical_name(d) for d in dtypes),
+            name=name, inputs=tuple(inputs), params=dict(params or {}), outputs=tuple(outputs),
+            golden_fn=golden_fn, dtypes=dtype_names,
             standard=standard if isinstance(standard, dict) else {"name": standard},
-            validate_fn=validate, ranks=tuple(ranks), feedback=dict(feedback or {}),
-            step_param=step_param, aliases=tuple(aliases), description=description,
-            version=version, grads=grads,
+            validate_fn=validate, ranks=tuple(ranks) if ranks else (0, 8),
+            feedback=dict(feedback or {}), step_param=step_param, aliases=tuple(aliases),
+            description=description or (inspect.getdoc(golden_fn) or "").split("\n")[0],
+            version=version, grads=grads, cases=case_path, where=where,
         )
         return golden_fn
 
     return wrap
+
+
+def _where(fn) -> str:
+    """file:line of a function's definition (for messages that point at user code)."""
+    fn = inspect.unwrap(fn) if callable(fn) else fn
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return f"{code.co_filename}:{code.co_firstlineno}"
+    try:
+        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+    except (OSError, TypeError):
+        return repr(fn)
 
 
 # -- backends and kernels -------------------------------------------------------------
@@ -267,6 +346,7 @@ class Backend:
     max_elements: int | None = None
     note: str = ""  # how it runs here (e.g. "Triton interpreter on the CPU")
     isolation: str = "in-process"  # or "subprocess": each case in a process of its own
+    module: str | None = None  # an optional built-in backend: imported when a run uses it
 
     def available(self) -> tuple[bool, str]:
         return self.check()
@@ -279,6 +359,7 @@ class Kernel:
     name: str
     fn: Callable[..., Any]
     description: str = ""
+    where: str = ""  # file:line of the function
 
     @property
     def id(self) -> str:
@@ -288,7 +369,8 @@ class Kernel:
     def backward(self) -> Callable[..., Any] | None:
         """A separate backward kernel registered for this kernel (None: the harness
         differentiates the forward with torch.autograd)."""
-        return _BACKWARDS.get((self.op, self.backend, self.name))
+        own = _BACKWARDS.get((self.op, self.backend, self.name))
+        return own if own is not None else _BACKWARDS.get((self.op, self.backend, None))
 
 
 def _torch_device() -> str:
@@ -306,10 +388,12 @@ _BACKENDS: dict[str, Backend] = {
     "strategies": Backend("strategies", device=_torch_device(), default=False),
 }
 _KERNELS: list[Kernel] = []
-_BACKWARDS: dict[tuple[str, str, str], Callable[..., Any]] = {}
+_BACKWARDS: dict[tuple[str, str, str | None], Callable[..., Any]] = {}
 
 
 def register_backend(backend: Backend) -> Backend:
+    """Add or replace a backend (``verify.Backend``: device, availability check, size cap,
+    versions, note). Kernels name it with ``@verify.kernel(op, backend=NAME)``."""
     _BACKENDS[backend.name] = backend
     return backend
 
@@ -317,33 +401,47 @@ def register_backend(backend: Backend) -> Backend:
 def kernel(op: str, backend: str = "torch", name: str | None = None, description: str = ""):
     """Register ``fn(**inputs, **params)`` as a kernel of ``op`` under ``backend``.
 
-    A backend name seen for the first time becomes a CPU backend that is always
-    available (user kernels), so ``--backend mine`` selects them.
+    The kernel is named after the function (or ``name=``), so several kernels of one op
+    live side by side under one backend; registering the same (op, backend, name) from
+    two places is an error naming both. A backend name seen for the first time becomes a
+    CPU backend that is always available (user kernels), so ``--backend mine`` selects
+    them.
     """
 
     def wrap(fn):
+        if not callable(fn):
+            raise ConfigError(f"@verify.kernel('{op}'): {fn!r} is not callable")
         if backend not in _BACKENDS:
             register_backend(Backend(backend))
-        kname = name or (op if backend != "mutants" else fn.__name__)
-        _KERNELS[:] = [k for k in _KERNELS
-                       if not (k.op == op and k.backend == backend and k.name == kname)]
+        kname = name or getattr(fn, "__name__", None) or op
+        where = _where(fn)
+        for k in _KERNELS:
+            if (k.op, k.backend, k.name) == (op, backend, kname):
+                if k.where == where:  # the same code registered again (a reload): replace
+                    _KERNELS.remove(k)
+                    break
+                raise ConfigError(
+                    f"kernel '{kname}' of op '{op}' under backend '{backend}' is registered "
+                    f"twice: at {k.where} and at {where}; give one of them another name "
+                    f"(@verify.kernel('{op}', backend='{backend}', name=...))")
         _KERNELS.append(Kernel(op, backend, kname, fn,
-                               description or (inspect.getdoc(fn) or "").split("\n")[0]))
+                               description or (inspect.getdoc(fn) or "").split("\n")[0],
+                               where))
         return fn
 
     return wrap
 
 
 def backward_kernel(op: str, backend: str = "torch", name: str | None = None):
-    """Register the separate backward of a kernel (the kernel ``name`` of ``op`` under
-    ``backend``; default: the op's name, as ``kernel`` names it).
+    """Register the separate backward of a kernel: the kernel ``name`` of ``op`` under
+    ``backend``, or (no name) every kernel of that op and backend without one of its own.
 
     Called as ``fn(**inputs, **upstream, **params)``, where ``upstream`` holds
     ``grad_<output>`` for every output the op's gradients declare; returns the gradients
     of the op's ``wrt`` inputs in order (None for one it does not produce)."""
 
     def wrap(fn):
-        _BACKWARDS[(op, backend, name or op)] = fn
+        _BACKWARDS[(op, backend, name)] = fn
         return fn
 
     return wrap
@@ -351,23 +449,83 @@ def backward_kernel(op: str, backend: str = "torch", name: str | None = None):
 
 # -- discovery -----------------------------------------------------------------------
 _LOADED = False
-_BUILTIN_PACKAGES = ("goldens", "kernels")
+_BUILTIN_GOLDENS = "verify.goldens"
+_BUILTIN_KERNELS = ("verify.kernels.torch", "verify.kernels.mutants",
+                    "verify.kernels.strategies")
+PACK_GROUP = "kernel_verify.packs"  # entry points: modules that declare ops / kernels
+
+
+def _import_tree(pkg_name: str) -> None:
+    pkg = importlib.import_module(pkg_name)
+    for info in pkgutil.walk_packages(getattr(pkg, "__path__", []), prefix=pkg_name + "."):
+        importlib.import_module(info.name)
 
 
 def load_builtin() -> None:
-    """Import every golden and kernel module shipped with the harness (once)."""
+    """Import the built-in goldens and core kernels (once), announce the optional
+    backends without importing them, then load installed op packs."""
     global _LOADED
     if _LOADED:
         return
     _LOADED = True
-    for pkg_name in _BUILTIN_PACKAGES:
-        pkg = importlib.import_module(pkg_name)
-        for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg_name + "."):
-            importlib.import_module(info.name)
+    from .kernels import OPTIONAL_BACKENDS, prepare_optional_backends
+    prepare_optional_backends()
+    _import_tree(_BUILTIN_GOLDENS)
+    for pkg_name in _BUILTIN_KERNELS:
+        _import_tree(pkg_name)
+    for backend in OPTIONAL_BACKENDS:
+        if backend.name not in _BACKENDS:
+            register_backend(backend)
+    _load_packs()
+
+
+def _load_packs() -> None:
+    from importlib.metadata import entry_points
+    for ep in entry_points(group=PACK_GROUP):
+        try:
+            ep.load()
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"op pack '{ep.name}' ({ep.value}, entry point group "
+                              f"{PACK_GROUP}) raised while loading: {type(exc).__name__}: "
+                              f"{exc}") from exc
+
+
+def load_backends(names: Sequence[str] | None = None) -> None:
+    """Import the optional built-in backends among ``names`` (None: every one whose
+    dependency is installed) together with their kernels. Nothing is imported for a
+    backend that is not available here; what an import does to logging is undone."""
+    load_builtin()
+    wanted = list(_BACKENDS) if names is None else list(names)
+    if any(n in ("mutants", "strategies") for n in wanted):  # packs add known-bad kernels
+        wanted += [b.name for b in _BACKENDS.values() if b.module]
+    for name in dict.fromkeys(wanted):
+        b = _BACKENDS.get(name)
+        if b is None or not b.module or not b.available()[0]:
+            continue
+        module = b.module
+        b.module = None  # once
+        with _quiet_logging():
+            _import_tree(module)
+
+
+@contextlib.contextmanager
+def _quiet_logging():
+    """Third-party imports (PyPTO's, say) may configure the root logger: keep ours."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers
 
 
 def load_user_module(spec: str) -> None:
-    """Import a user's kernel module: a dotted name on sys.path, or a .py file path."""
+    """Import a user's module of kernels and/or op declarations: a dotted name on
+    sys.path, or a .py file path (its folder goes on sys.path, so it can import its own
+    helpers)."""
     load_builtin()
     try:
         if spec.endswith(".py") or os.sep in spec:
@@ -377,10 +535,17 @@ def load_user_module(spec: str) -> None:
             mod_name = "verify_user_" + hashlib.sha1(path.encode()).hexdigest()[:10]
             if mod_name in sys.modules:
                 return
+            folder = os.path.dirname(path)
+            if folder not in sys.path:
+                sys.path.append(folder)
             module_spec = importlib.util.spec_from_file_location(mod_name, path)
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[mod_name] = module
-            module_spec.loader.exec_module(module)
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[mod_name]
+                raise
         else:
             importlib.import_module(spec)
     except ConfigError:

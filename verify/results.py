@@ -49,6 +49,12 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     return df[COLUMNS + extra]
 
 
+def complete_rows(rows: list[dict]) -> list[dict]:
+    """Rows with every column present (None where a row kind has no value: an ERROR or
+    SKIP row has no metrics, an expect_error row no margin), so no view breaks on one."""
+    return [{**dict.fromkeys(COLUMNS), "output": "-", **r} for r in rows]
+
+
 def _clean(v):
     if isinstance(v, float):
         if math.isnan(v):
@@ -193,6 +199,7 @@ def write_views(rows: list[dict], run_dir: str | Path, meta: dict) -> None:
     from .report import html, junit
 
     run_dir = Path(run_dir)
+    rows = complete_rows(rows)
     df = frame(rows)
     csv_cols = [c for c in df.columns if c not in JSON_ONLY]
     df[csv_cols].to_csv(run_dir / "results.csv", index=False)
@@ -232,33 +239,107 @@ def diff_tables_text(rows: list[dict], limit: int | None = None) -> str:
     return "\n\n".join(parts) + ("\n" if parts else "")
 
 
-_STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold magenta", "SKIP": "yellow"}
+_STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold magenta", "SKIP": "dim"}
+MAX_LISTED = 60  # non-PASS rows listed in the terminal (all of them are in the reports)
 
 
-def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int = 160,
-                 color: bool = False) -> str:
-    """The terminal summary: a table of every row, mutants caught or missed, counts."""
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
-                      highlight=False)
-    table = Table(title="precision verdicts", show_lines=False, header_style="bold")
+def _kernel_label(r: dict) -> str:
+    return r["backend"] if r["kernel"] == r["op"] else f"{r['backend']}:{r['kernel']}"
+
+
+def _row_table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title, show_lines=False, header_style="bold")
     for col in ("op", "case", "kernel", "output", "verdict", "MERE", "MARE", "max abs",
                 "floor max abs", "why (non-PASS)"):
         table.add_column(col, overflow="fold")
     for r in rows:
         v = r.get("verdict", "")
         label = v if r.get("expected", "PASS") == "PASS" else f"{v} (expected FAIL)"
-        kernel = r["backend"] if r["kernel"] == r["op"] else f"{r['backend']}:{r['kernel']}"
-        table.add_row(r["op"], f"{r['level']}-{r['case_id']}", kernel, r.get("output", "-"),
-                      f"[{_STYLE.get(v, '')}]{label}[/]", _fmt(r.get("mere")),
-                      _fmt(r.get("mare")), _fmt(r.get("max_abs")),
+        table.add_row(r["op"], f"{r['level']}-{r['case_id']}", _kernel_label(r),
+                      r.get("output") or "-", f"[{_STYLE.get(v, '')}]{label}[/]",
+                      _fmt(r.get("mere")), _fmt(r.get("mare")), _fmt(r.get("max_abs")),
                       _fmt(r.get("floor_max_abs")),
                       "" if v == "PASS" else (r.get("reason") or ""))
-    console.print(table)
+    return table
+
+
+def _per_kernel_table(rows: list[dict]) -> Table:
+    """One line per op and kernel: how many cases and rows, and their verdicts."""
+    groups: dict[tuple, dict] = {}
     for r in rows:
-        if r.get("warning"):
-            console.print(f"[yellow]warning[/] {r['op']} {r['case_id']} {r['output']}: "
-                          f"{r['warning']}")
+        g = groups.setdefault((r["op"], _kernel_label(r)), {
+            "cases": set(), "expected": r.get("expected", "PASS"),
+            **{v: 0 for v in VERDICTS}})
+        g["cases"].add((r["level"], r["case_id"]))
+        g[r.get("verdict", "ERROR")] = g.get(r.get("verdict", "ERROR"), 0) + 1
+    table = Table(title="verdicts per op and kernel", header_style="bold")
+    for col in ("op", "kernel", "cases", "PASS", "FAIL", "ERROR", "SKIP", "verdict"):
+        table.add_column(col, justify="right" if col in VERDICTS or col == "cases" else "left")
+    for (op, kern), g in sorted(groups.items()):
+        if g["expected"] == "FAIL":
+            verdict = "[green]caught[/]" if g["FAIL"] else "[bold red]MISSED[/]"
+        elif g["ERROR"]:
+            verdict = "[bold magenta]ERROR[/]"
+        elif g["FAIL"]:
+            verdict = "[bold red]FAIL[/]"
+        elif g["PASS"]:
+            verdict = "[green]PASS[/]"
+        else:
+            verdict = "[dim]SKIP[/]"
+        table.add_row(op, kern, str(len(g["cases"])),
+                      *(str(g[v]) if g[v] else "" for v in VERDICTS), verdict)
+    return table
+
+
+def _warning_kind(text: str) -> str:
+    return text.split(":", 1)[0].strip()
+
+
+def _grouped_warnings(rows: list[dict]) -> list[str]:
+    """Each kind of warning once per kernel: how many outputs, where, and one in full."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        for w in filter(None, (r.get("warning") or "").split(" | ")):
+            groups.setdefault((_kernel_label(r), _warning_kind(w)), []).append({**r, "_w": w})
+    lines = []
+    for (kern, kind), items in sorted(groups.items()):
+        where = ", ".join(f"{i['op']} {i['case_id']} {i['output']}" for i in items[:3])
+        more = f" and {len(items) - 3} more" if len(items) > 3 else ""
+        lines.append(f"[yellow]warning[/] kernel {kern}: {kind} on {len(items)} output(s) "
+                     f"({where}{more}); e.g. {items[0]['_w']}")
+    return lines
+
+
+def _skip_lines(rows: list[dict]) -> list[str]:
+    groups: dict[tuple, int] = {}
+    for r in rows:
+        if r.get("verdict") == "SKIP":
+            key = (r["backend"], r.get("reason") or "")
+            groups[key] = groups.get(key, 0) + 1
+    return [f"[dim]SKIP[/] {n} row(s) of backend {b}: {why}" for (b, why), n in sorted(groups.items())]
+
+
+def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int = 160,
+                 color: bool = False, verbose: bool = False) -> str:
+    """The terminal summary, verdict first: a line per op and kernel, the rows that did
+    not go as expected (SKIPs grouped by reason), warnings grouped per kernel, mutants,
+    totals. ``verbose``: every row too."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
+                      highlight=False)
+    console.print(_per_kernel_table(rows))
+    if verbose:
+        console.print(_row_table(rows, "precision verdicts (every row)"))
+    else:
+        bad = [r for r in rows if r.get("verdict") == "ERROR" or (
+            r.get("verdict") == "FAIL" and r.get("expected", "PASS") == "PASS")]
+        if bad:
+            shown = bad[:MAX_LISTED]
+            more = f" (first {MAX_LISTED} of {len(bad)}; all in results.csv)" \
+                if len(bad) > MAX_LISTED else ""
+            console.print(_row_table(shown, f"rows that did not pass{more}"))
+    for line in _skip_lines(rows) + _grouped_warnings(rows):
+        console.print(line)
     mutants = mutant_summary(rows)
     if mutants:
         mt = Table(title="known-bad kernels (mutants)", header_style="bold")
@@ -268,7 +349,8 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
             mt.add_row(m["op"], m["kernel"],
                        "[green]caught[/]" if m["caught"] else "[bold red]MISSED[/]",
                        str(m["failing"]), m["first"])
-        console.print(mt)
+        if verbose or not all(m["caught"] for m in mutants):
+            console.print(mt)
     c = counts(rows)
     line = ", ".join(f"{k} {c[k]}" for k in VERDICTS)
     if mutants:

@@ -6,6 +6,7 @@ with its reason. Nothing here stops the run: the next case always runs.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import statistics
@@ -18,7 +19,7 @@ from . import dtypes as dt
 from . import inputs as inp
 from . import registry
 from .cases import Case
-from .compare import compare, compare_topk, resolve_standard
+from .comparison import compare, compare_topk, resolve_standard
 from .difftable import worst_elements
 from . import golden_source, plotdata
 
@@ -96,7 +97,7 @@ def _kernel_trajectory(spec, case, kern, device, first_inputs):
         if step:
             current = _fresh_copies(current, device)
         t0 = time.perf_counter()
-        outs = _checked_outputs(spec, params, kern.fn(**current, **params))
+        outs = _checked_outputs(spec, params, call_kernel(kern, spec, current, params))
         _sync(device)
         seconds += time.perf_counter() - t0
         steps.append({n: o.detach().cpu() for n, o in outs.items()})
@@ -114,6 +115,36 @@ def _run_forward(spec, case, kern, device, first_inputs):
         return steps, first_inputs, seconds, (outs, leaves)
     steps, last_inputs, seconds = _kernel_trajectory(spec, case, kern, device, first_inputs)
     return steps, last_inputs, seconds, None
+
+
+class KernelSignatureError(TypeError):
+    """The kernel cannot be called with the op's inputs and params."""
+
+
+_BINDS_OK: set = set()
+
+
+def call_kernel(kern: registry.Kernel, spec, args: dict, params: dict):
+    """``kern.fn(**args, **params)``, after checking that the kernel's signature takes
+    exactly these keywords: a mismatch names the expected signature and the kernel's own
+    file and line, instead of a TypeError from somewhere inside."""
+    key = (id(kern.fn), tuple(args), tuple(params))
+    if key not in _BINDS_OK:
+        try:
+            sig = inspect.signature(kern.fn)
+        except (TypeError, ValueError):  # a builtin or C function: no signature to read
+            sig = None
+        if sig is not None:
+            try:
+                sig.bind(**args, **params)
+            except TypeError as exc:
+                raise KernelSignatureError(
+                    f"kernel {kern.id} ({kern.where}) cannot be called with op "
+                    f"'{spec.name}''s arguments: {exc}. Kernels are called as "
+                    f"fn(**inputs, **params): {spec.signature()} "
+                    f"(`verify ops {spec.name}` shows it in full)") from None
+        _BINDS_OK.add(key)
+    return kern.fn(**args, **params)
 
 
 def _checked_outputs(spec, params, outs) -> dict:
@@ -135,7 +166,7 @@ def _forward_with_graph(spec, case, kern, device, first_inputs):
     args.update(leaves)
     t0 = time.perf_counter()
     with torch.enable_grad():
-        outs = _checked_outputs(spec, case.params, kern.fn(**args, **case.params))
+        outs = _checked_outputs(spec, case.params, call_kernel(kern, spec, args, case.params))
     _sync(device)
     return outs, leaves, time.perf_counter() - t0
 
@@ -198,13 +229,15 @@ def time_kernel(case: Case, kern: registry.Kernel, repeats: int,
         args = _fresh_copies(on_device, device)
         _sync(device)
         t0 = time.perf_counter()
-        kern.fn(**args, **case.params)
+        call_kernel(kern, registry.op(case.op), args, case.params)
         _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
 def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, KernelSignatureError):
+        return str(exc)
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
@@ -237,6 +270,8 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     if case.expect_error:
         try:
             _kernel_trajectory(spec, case, kern, backend.device, first_inputs)
+        except KernelSignatureError as exc:  # not the wrapper's check: a mis-declared kernel
+            return [_row(base, verdict="ERROR", standard="expect_error", reason=str(exc))]
         except Exception as exc:
             if _raised_expected(exc, case.expect_error):
                 return [_row(base, verdict="PASS", standard="expect_error",

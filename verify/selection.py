@@ -12,21 +12,50 @@ from typing import Sequence
 
 from . import dtypes as dt
 from . import registry
-from .cases import Case, load_dir
+from .cases import Case, load_dir, load_file
 from .errors import ConfigError
 
-DEFAULT_CASES = "test_cases"
+def builtin_cases_dir() -> str:
+    """The built-in op pack's case files: verify/test_cases in an installed wheel, the
+    repo's test_cases/ in a checkout (or an editable install)."""
+    here = Path(__file__).resolve().parent
+    for folder in (here / "test_cases", here.parent / "test_cases"):
+        if folder.is_dir():
+            return str(folder)
+    raise ConfigError(f"the built-in case files are missing (looked in {here / 'test_cases'})")
 
 
 def default_cases_dir() -> str:
-    """--cases, else VERIFY_CASES, else ./test_cases, else the repo's own test_cases."""
-    env = os.environ.get("VERIFY_CASES")
-    if env:
-        return env
-    if Path(DEFAULT_CASES).is_dir():
-        return DEFAULT_CASES
-    repo = Path(__file__).resolve().parent.parent / DEFAULT_CASES
-    return str(repo)
+    """VERIFY_CASES, else the built-in case folder (the same from any working folder)."""
+    return os.environ.get("VERIFY_CASES") or builtin_cases_dir()
+
+
+def default_case_sources() -> list[str]:
+    """Without --cases: VERIFY_CASES, or the built-in cases plus the case file or folder
+    each declared op names (``declare_op(..., cases=...)``: user and installed op packs)."""
+    if os.environ.get("VERIFY_CASES"):
+        return [os.environ["VERIFY_CASES"]]
+    sources = [builtin_cases_dir()]
+    for name in registry.ops():
+        path = registry.op(name).cases
+        if path and path not in sources:
+            if not Path(path).exists():
+                raise ConfigError(f"op '{name}' ({registry.op(name).where}) names case file "
+                                  f"or folder '{path}', which does not exist")
+            sources.append(path)
+    return sources
+
+
+def load_sources(sources: Sequence[str], ops=None) -> list[Case]:
+    """Cases of several folders or single files."""
+    cases: list[Case] = []
+    for src in sources:
+        if Path(src).is_file():
+            found = load_file(src)
+            cases.extend(c for c in found if ops is None or c.op in ops)
+        else:
+            cases.extend(load_dir(src, ops))
+    return cases
 
 
 @dataclass
@@ -79,8 +108,9 @@ def select_cases(sel: Selection) -> list[Case]:
         except KeyError as exc:
             raise ConfigError(f"unknown dtype {exc} (--dtype); known: "
                               f"{', '.join(dt.DTYPE_NAMES)}") from None
-    cases_dir = sel.cases_dir or default_cases_dir()
-    cases = load_dir(cases_dir, ops)
+    sources = [sel.cases_dir] if sel.cases_dir else default_case_sources()
+    cases_dir = ", ".join(sources)
+    cases = load_sources(sources, ops)
     levels = sel.levels()
     if levels is not None:
         known_levels = sorted({c.level for c in cases})
@@ -92,13 +122,23 @@ def select_cases(sel: Selection) -> list[Case]:
     if dtypes is not None:
         cases = [c for c in cases if c.dtype in dtypes]
     if not cases:
+        hint = ""
+        if ops and not sel.cases_dir:
+            bare = [o for o in ops if not registry.op(o).cases and not any(
+                Path(src, f"{o}.json").is_file() for src in sources)]
+            if bare:
+                hint = (f"; op(s) {', '.join(bare)} have no case file here: pass --cases DIR "
+                        f"or declare the op with cases='my_op.json'")
         raise ConfigError(f"no cases selected in {cases_dir} (level {sel.level}, ops "
-                          f"{list(sel.ops or []) or 'all'}, dtypes {sorted(dtypes or []) or 'all'})")
+                          f"{list(sel.ops or []) or 'all'}, dtypes "
+                          f"{sorted(dtypes or []) or 'all'}){hint}")
     return cases
 
 
 def build(sel: Selection) -> Plan:
     cases = select_cases(sel)
+    registry.load_backends(sel.backends or
+                           [b for b, spec in registry.backends().items() if spec.default])
     all_backends = registry.backends()
     if sel.backends:
         for b in sel.backends:
@@ -107,8 +147,9 @@ def build(sel: Selection) -> Plan:
             if not ok:
                 raise ConfigError(f"backend '{b}' was asked for but is not available here: {why}")
         backends = list(dict.fromkeys(sel.backends))
-    else:
-        backends = [b for b, spec in all_backends.items() if spec.default]
+    else:  # every default backend that can run here (the others are named in the summary)
+        backends = [b for b, spec in all_backends.items()
+                    if spec.default and (not spec.module or spec.available()[0])]
     items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)]
     if not items:
         raise ConfigError(f"no kernel of backend(s) {', '.join(backends)} for the selected "
@@ -116,11 +157,15 @@ def build(sel: Selection) -> Plan:
     return Plan(items=items, cases=cases, backends=backends)
 
 
+def unavailable_backends() -> list[str]:
+    """'name: why' for each default backend that cannot run here (its rows are not made;
+    the summary says so once)."""
+    return [f"{name}: {spec.available()[1]}" for name, spec in registry.backends().items()
+            if spec.default and spec.module and not spec.available()[0]]
+
+
 def live_golden_keys(cases_dirs: list[str]) -> set[str]:
-    """Keys of every case (all levels) in these folders under today's golden versions."""
-    keys = set()
-    for folder in cases_dirs:
-        for case in load_dir(folder):
-            if not case.expect_error:
-                keys.add(case.golden_key(registry.op(case.op).golden_version))
-    return keys
+    """Keys of every case (all levels) in these folders or files under today's golden
+    versions."""
+    return {case.golden_key(registry.op(case.op).golden_version)
+            for case in load_sources(cases_dirs) if not case.expect_error}

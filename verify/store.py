@@ -40,7 +40,7 @@ log = logging.getLogger("verify.store")
 
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 READ_CHUNK = 1 << 22
-DEFAULT_STORE = ".verify-store"
+APP_NAME = "kernel-verify"
 
 
 class CorruptBlob(Exception):
@@ -68,8 +68,30 @@ class Entry:
                 "created": self.created, "meta": self.meta}
 
 
-def default_store_dir() -> str:
-    return os.environ.get("VERIFY_STORE") or DEFAULT_STORE
+def default_store_dir(create: bool = False) -> str:
+    """VERIFY_STORE, else ``goldens`` in the user's cache folder (platformdirs: e.g.
+    ~/.cache/kernel-verify/goldens on Linux): one store per user, found the same way from
+    any folder, never a new store in whatever folder a command runs from."""
+    path = os.environ.get("VERIFY_STORE")
+    if not path:
+        from platformdirs import user_cache_dir
+        path = os.path.join(user_cache_dir(APP_NAME, appauthor=False), "goldens")
+    if create:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def existing_store_dir(path: str | None = None) -> str:
+    """The store a reading command (``verify golden ls / check / gc``) uses: it must exist;
+    such commands never create one."""
+    from .errors import ConfigError
+    path = path or default_store_dir()
+    if not Path(path).is_dir():
+        raise ConfigError(f"golden store '{path}' does not exist (--store, VERIFY_STORE; "
+                          f"a run or `verify golden warm` creates the default one)")
+    if not (Path(path) / "index.sqlite").is_file() and any(Path(path).iterdir()):
+        raise ConfigError(f"'{path}' is not a golden store (no index.sqlite in it)")
+    return path
 
 
 def valid_key(key: str) -> bool:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from goldens import fused_training as gold
-from kernels.torch import fused_training as good
+from verify.goldens import fused_training as gold
+from verify.kernels.torch import fused_training as good
 from verify.registry import backward_kernel, kernel
 
 F32, BF16 = torch.float32, torch.bfloat16

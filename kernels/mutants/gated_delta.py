@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from goldens import gated_delta as gold
-from kernels.torch import gated_delta as good
+from verify.goldens import gated_delta as gold
+from verify.kernels.torch import gated_delta as good
 from verify.registry import kernel
 
 F32 = torch.float32

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.torch import strategy_ops as good
+from verify.kernels.torch import strategy_ops as good
 from verify.registry import kernel
 
 F32 = torch.float32

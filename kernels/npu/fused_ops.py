@@ -2,7 +2,7 @@
 torch_npu documentation (op-plugin docs and tests); they run only on an NPU."""
 from __future__ import annotations
 
-from goldens import optimizer_checks as checks
+from verify.goldens import optimizer_checks as checks
 from verify.registry import kernel
 
 from . import torch_npu

@@ -10,19 +10,21 @@ from pathlib import Path
 
 import torch
 
-from goldens import optimizer_checks as checks
+import verify
+from verify.goldens import optimizer_checks as checks
 from verify import runner
 from verify.registry import kernel
 
 from ._internals import aicore_time
 
-REPO = Path(__file__).resolve().parents[2]
+# the folder that holds the verify package, so the worker imports the same harness
+REPO = Path(verify.__file__).resolve().parent.parent
 TIMEOUT_S = 900
 
 
 def run_mode() -> str:
     """NPU where torch_npu sees one; elsewhere SIM with pass verification on the CPU."""
-    from kernels.npu import BACKEND as NPU
+    from verify.kernels.npu import BACKEND as NPU
     return "npu" if NPU.available()[0] else "sim"
 
 
@@ -34,7 +36,7 @@ def run_worker(op: str, inputs: dict, params: dict, dtype: str, bug: str | None 
         env = {**os.environ, "TILE_FWK_OUTPUT_DIR": str(Path(tmp, "output")),
                "ASCEND_WORK_PATH": str(Path(tmp, "work")),
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        proc = subprocess.run([sys.executable, "-m", "kernels.pypto.worker", str(src), str(dst)],
+        proc = subprocess.run([sys.executable, "-m", "verify.kernels.pypto.worker", str(src), str(dst)],
                               cwd=tmp, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S)
         if proc.returncode != 0 or not dst.exists():

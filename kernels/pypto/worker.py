@@ -1,4 +1,4 @@
-"""Runs one PyPTO kernel call in its own process: ``python -m kernels.pypto.worker IN OUT``.
+"""Runs one PyPTO kernel call in its own process: ``python -m verify.kernels.pypto.worker IN OUT``.
 
 IN is a torch.save'd dict (op, inputs, params, dtype, bug, run_mode); OUT receives the
 outputs. PyPTO's memory grows with loop iterations and it writes output folders, so each
@@ -14,7 +14,7 @@ import torch
 def main(src: str, dst: str) -> int:
     import pypto
 
-    from kernels.pypto import _internals, adamw, elementwise
+    from verify.kernels.pypto import _internals, adamw, elementwise
     _internals.install()
     job = torch.load(src, weights_only=False)
     run_mode = pypto.RunMode.NPU if job["run_mode"] == "npu" else pypto.RunMode.SIM

@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from goldens import strategy_ops as g
-from kernels.torch import gated_delta as gdr
-from kernels.torch import strategy_ops as base
+from verify.goldens import strategy_ops as g
+from verify.kernels.torch import gated_delta as gdr
+from verify.kernels.torch import strategy_ops as base
 from verify.registry import kernel
 
 F32, BF16 = torch.float32, torch.bfloat16

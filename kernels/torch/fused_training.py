@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from goldens import fused_training as gold
+from verify.goldens import fused_training as gold
 from verify.registry import backward_kernel, kernel
 
 F32 = torch.float32

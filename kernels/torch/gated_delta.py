@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from goldens import gated_delta as gold
+from verify.goldens import gated_delta as gold
 from verify import dtypes as dt
 from verify.registry import kernel
 
@@ -231,5 +231,5 @@ def gated_delta_kernel(decay=clamped_decay, gate_beta=lambda b: b, doc: str = ""
     return run
 
 
-chunk_gated_delta_rule = kernel("chunk_gated_delta_rule")(gated_delta_kernel(
+chunk_gated_delta_rule = kernel("chunk_gated_delta_rule", name="chunk_gated_delta_rule")(gated_delta_kernel(
     doc="Chunked fp32: cumsum, KK^T, 16x16 block inverse, WY, state per chunk, output."))

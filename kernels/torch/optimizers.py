@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from goldens import optimizer_checks as checks
+from verify.goldens import optimizer_checks as checks
 from verify.registry import kernel
 
 F32 = torch.float32

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from goldens import strategy_ops as g
+from verify.goldens import strategy_ops as g
 from verify.registry import kernel
 
 F32 = torch.float32

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from goldens import optimizer_checks as checks
+from verify.goldens import optimizer_checks as checks
 from verify.registry import kernel
 
 from . import IMPORT_ERROR, block_size, triton
@@ -133,7 +133,8 @@ def _unavailable(*_, **__):
 
 def triton_kernel(op: str, backend: str = "triton", name: str | None = None):
     def wrap(fn):
-        return kernel(op, backend=backend, name=name)(fn if triton is not None else _unavailable)
+        return kernel(op, backend=backend, name=name or fn.__name__)(
+            fn if triton is not None else _unavailable)
     return wrap
 
 

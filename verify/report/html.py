@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..results import VERDICTS, counts, mutant_summary
+from ..results import VERDICTS, complete_rows, counts, mutant_summary
 from . import plots
 
 MAX_FAILING_DETAILS = 24
@@ -34,7 +34,7 @@ def num(v) -> float | None:
         return None if v == "nan" else float(v)
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except Exception:  # anything that is not a number (a missing field, text) shows as "-"
         return None
 
 
@@ -61,10 +61,12 @@ def kernel_label(r: dict) -> str:
 
 
 def _worst(verdicts: set[str]) -> str:
-    for v in ("ERROR", "FAIL", "SKIP", "PASS"):
+    """A cell's colour: the worst verdict that was reached; SKIP (nothing ran) only when
+    nothing else is there, and it is never a failure colour."""
+    for v in ("ERROR", "FAIL", "PASS", "SKIP"):
         if v in verdicts:
             return v
-    return "PASS"
+    return "SKIP"
 
 
 def matrix(rows: list[dict]) -> dict:
@@ -131,6 +133,7 @@ def _detail(i: int, r: dict) -> dict:
 
 
 def render(rows: list[dict], meta: dict) -> str:
+    rows = complete_rows(rows)
     picked = pick_details(rows)
     detail_ids = {i: f"detail-{i}" for i in picked}
     mutants = mutant_summary(rows)

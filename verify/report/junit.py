@@ -24,11 +24,11 @@ def build(rows: list[dict]) -> ET.ElementTree:
             case = ET.SubElement(suite, "testcase", classname=f"{op}.{kernel}",
                                  name=f"{r['level']}-{r['case_id']}-{r.get('output', '-')}",
                                  time=f"{float(r.get('kernel_s') or 0):.6f}")
-            message = f"{r.get('standard') or '-'}: {r.get('reason', '')}"
+            message = f"{r.get('standard') or '-'}: {r.get('reason') or ''}"
             if r["verdict"] == "ERROR":
-                ET.SubElement(case, "error", message=message).text = r.get("reason", "")
+                ET.SubElement(case, "error", message=message).text = (r.get("reason") or "")
             elif r["verdict"] == "SKIP":
-                ET.SubElement(case, "skipped", message=r.get("reason", ""))
+                ET.SubElement(case, "skipped", message=(r.get("reason") or ""))
             elif r["verdict"] == "FAIL" and r.get("expected") == "PASS":
                 fail = ET.SubElement(case, "failure", message=message, type="precision")
                 fail.text = (f"{message}\nMERE {r.get('mere')} MARE {r.get('mare')} max abs "

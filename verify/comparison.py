@@ -86,15 +86,37 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
         if not floor_ok:
             warnings.append(f"{name} cannot be met even by the correctly rounded golden "
                             f"({floor_reason})")
-        if m.n >= 64 and abs(m.mag_bias) >= 0.5 and abs(f.mag_bias) < 0.25:
-            way = "smaller" if m.mag_bias > 0 else "larger"
-            warnings.append(f"biased rounding: on net {abs(m.mag_bias):.0%} of the inexact "
-                            f"outputs are {way} in magnitude than the golden (mag_bias "
-                            f"{m.mag_bias:+.2f}; correctly rounded {f.mag_bias:+.2f}): a "
-                            f"truncating conversion?")
-    warning = "; ".join(warnings)
+        bias = rounding_bias(m, f)
+        if bias:
+            warnings.append(bias)
+    warning = " | ".join(warnings)
     return Verdict("PASS" if ok else "FAIL", name, reason, warning, dt.name_of(out_dtype),
                    m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec)
+
+
+BIAS_MIN_ELEMENTS = 64
+BIAS_THRESHOLD = 0.9      # net share off in one direction: a directed conversion moves ~all
+BIAS_FLOOR_MAX = 0.25     # the correctly rounded golden's own net share stays below this
+BIAS_ULP_MEAN_MAX = 1.0   # a conversion's error stays within one unit in the last place
+
+
+def rounding_bias(m, f) -> str:
+    """A warning when the final rounding looks directed rather than to nearest: most
+    inexact outputs off in one direction of magnitude while their errors stay at the
+    rounding level (mean ULP error <= 1). Larger errors are the arithmetic's, not a
+    conversion's, and say nothing about the rounding mode. Truncation is suggested only
+    for outputs smaller in magnitude."""
+    if m.n < BIAS_MIN_ELEMENTS or abs(m.mag_bias) < BIAS_THRESHOLD \
+            or abs(f.mag_bias) >= BIAS_FLOOR_MAX or not m.ulp_mean <= BIAS_ULP_MEAN_MAX:
+        return ""
+    share = f"on net {abs(m.mag_bias):.0%} of the inexact outputs are"
+    detail = (f"(mag_bias {m.mag_bias:+.2f}, correctly rounded {f.mag_bias:+.2f}, mean ULP "
+              f"error {m.ulp_mean:.2f})")
+    if m.mag_bias > 0:
+        return (f"biased rounding toward zero: {share} smaller in magnitude than the golden "
+                f"{detail}; a truncating conversion instead of round-to-nearest-even?")
+    return (f"biased rounding away from zero: {share} larger in magnitude than the golden "
+            f"{detail}; a conversion rounding up in magnitude instead of to nearest even?")
 
 
 def compare_topk(actual: torch.Tensor, golden: torch.Tensor, scores: torch.Tensor,
