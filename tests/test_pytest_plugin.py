@@ -48,8 +48,21 @@ def test_a_failing_item_fails_pytest_with_the_reason(tmp_path):
     out = pytest_run("--level", "L0", "--kernels", str(mod), "--backend", "bad",
                      "--reports", tmp_path, "-k", "small")
     assert out.returncode == 1
-    assert "w_new: FAIL [allclose]" in out.stdout
-    assert "index | weight | grad | exp_avg | golden | actual" in out.stdout
+    summary = out.stdout.split("precision summary")[1]
+    assert "rows that did not pass" in summary and "w_new" in summary
+    assert "all within atol" in summary or "allclose" in summary
+    # the worst elements appear once, in the summary, not again in pytest's failure section
+    assert out.stdout.count("index | weight | grad | exp_avg | golden | actual") == 1
+
+
+def test_the_plugin_is_switched_on_explicitly(tmp_path):
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    off = pytest_run("--level", "L0", "-q", "-p", "no:xdist", cwd=tmp_path)
+    assert off.returncode == 4 and "--level" in off.stderr  # unknown option: not loaded
+    on = pytest_run("-p", "verify", "--level", "L0", "--op", "lion", "-k", "small and fp32",
+                    "--reports", tmp_path, "-q", cwd=tmp_path)
+    assert on.returncode == 0 and "verdicts per op and kernel" in on.stdout, \
+        on.stdout[-2000:] + on.stderr[-2000:]
 
 
 def test_plain_test_runs_are_untouched():

@@ -139,7 +139,7 @@ def call_kernel(kern: registry.Kernel, spec, args: dict, params: dict):
                 sig.bind(**args, **params)
             except TypeError as exc:
                 raise KernelSignatureError(
-                    f"kernel {kern.id} ({kern.where}) cannot be called with op "
+                    f"kernel {kern.backend}:{kern.name} ({kern.where}) cannot be called with op "
                     f"'{spec.name}''s arguments: {exc}. Kernels are called as "
                     f"fn(**inputs, **params): {spec.signature()} "
                     f"(`verify ops {spec.name}` shows it in full)") from None
@@ -285,6 +285,8 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     try:
         k_steps, last_inputs, k_seconds, graph = _run_forward(spec, case, kern, backend.device,
                                                               first_inputs)
+    except KernelSignatureError as exc:
+        return [_row(base, verdict="ERROR", reason=str(exc))]
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
     base.update(_NOTES)

@@ -1,0 +1,139 @@
+"""Every kind of row renders in every view: report.html, junit.xml, results.csv, the
+terminal summary and `verify report` (a report is never lost to one odd row)."""
+import csv
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from verify import cases, registry, results, runner
+
+from helpers import run_cli, write_cases
+
+USER_OP = '''
+import torch
+import verify
+
+
+def _check(x):
+    if x.dim() != 2:
+        raise ValueError("x must be 2-D")
+
+
+@verify.declare_op("kinds_argmax", inputs=[verify.InputSpec("x")],
+                   outputs=[verify.OutputSpec("idx", "int64"), verify.OutputSpec("y")],
+                   dtypes=["fp32"], standard="cann_v2", validate=_check, ranks=(2, 3))
+def kinds_argmax(x):
+    return x.argmax(-1), x * 2
+
+
+@verify.kernel("kinds_argmax", backend="kinds")
+def argmax_ok(x):
+    _check(x)
+    return x.argmax(-1), x * 2
+
+
+@verify.kernel("kinds_argmax", backend="kinds")
+def argmax_wrong(x):
+    """Off-by-one indices and a scaled y: FAIL with metrics and an integer FAIL."""
+    return (x.argmax(-1) + 1) % max(x.shape[-1], 1), x * 2.01
+
+
+@verify.kernel("kinds_argmax", backend="kinds")
+def nan_out(x):
+    """Accepts a 3-D x (an expect_error FAIL) and returns NaN."""
+    return x.argmax(-1), torch.full_like(x, float("nan"))
+
+
+@verify.kernel("kinds_argmax", backend="kinds")
+def raises(x):
+    raise RuntimeError("this kernel is broken")
+
+
+verify.register_backend(verify.Backend("kinds_offline", check=lambda: (False, "no such device")))
+
+
+@verify.kernel("kinds_argmax", backend="kinds_offline")
+def offline(x):
+    return x.argmax(-1), x * 2
+'''
+
+CASES = {"op": "kinds_argmax", "levels": {"L0": [
+    {"id": "s", "shape": [8, 16], "dtype": "fp32"},
+    {"id": "empty", "shape": [0, 16], "dtype": "fp32"},
+    {"id": "bad", "shape": [2, 3, 4], "dtype": "fp32", "expect_error": "ValueError"},
+]}}
+
+
+@pytest.fixture(scope="module")
+def every_kind(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kinds")
+    (tmp / "kinds.py").write_text(textwrap.dedent(USER_OP))
+    registry.load_user_module(str(tmp / "kinds.py"))
+    path = write_cases(tmp / "cases", CASES)
+    user_cases = {c.id.split("-")[0]: c for c in cases.load_file(path)}
+    by_name = {k.name: k for k in registry.kernels("kinds_argmax")}
+
+    rows = []
+
+    def pick(case, kern, verdict, output=None):
+        got = [r for r in runner.run_case(case, kern) if r["verdict"] == verdict
+               and (output is None or r["output"] == output)]
+        assert got, (case.id, kern.name, verdict, output)
+        rows.append(got[0])
+
+    pick(user_cases["s"], by_name["argmax_ok"], "PASS", "y")
+    pick(user_cases["s"], by_name["argmax_wrong"], "FAIL", "y")        # values, metrics
+    pick(user_cases["s"], by_name["argmax_wrong"], "FAIL", "idx")      # integer output
+    pick(user_cases["s"], by_name["nan_out"], "FAIL", "y")             # metrics are NaN
+    pick(user_cases["bad"], by_name["nan_out"], "FAIL")                # expect_error FAIL
+    pick(user_cases["bad"], by_name["argmax_ok"], "PASS")              # expect_error PASS
+    pick(user_cases["s"], by_name["raises"], "ERROR")
+    pick(user_cases["s"], by_name["offline"], "SKIP")
+    pick(user_cases["empty"], by_name["argmax_ok"], "PASS", "y")       # empty tensors
+    builtin = {c.op: c for c in cases.load_dir(cases.Path(cases.__file__).parent.parent /
+                                                "test_cases", ["rmsnorm_without_weight",
+                                                               "moe_routing"])
+               if c.level == "L0" and not c.expect_error and c.dtype == "fp32"}
+    pick(builtin["rmsnorm_without_weight"], registry.kernels("rmsnorm_without_weight",
+                                                             ["torch"])[0], "PASS", "grad_x")
+    pick(builtin["moe_routing"], registry.kernels("moe_routing", ["torch"])[0], "PASS",
+         "indices")                                                    # top-k set
+    run_dir = results.write(rows, tmp / "run", {"run_id": "kinds", "level": "L0"})
+    return rows, run_dir
+
+
+def test_every_view_holds_every_row(every_kind):
+    rows, run_dir = every_kind
+    page = (run_dir / "report.html").read_text()
+    assert page.count("<tr data-verdict=") == len(rows)
+    for r in rows:
+        assert f"{r['level']}-{r['case_id']}" in page
+    suites = ET.parse(run_dir / "junit.xml").getroot()
+    assert sum(1 for _ in suites.iter("testcase")) == len(rows)
+    with open(run_dir / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert "expect_error" in page and "this kernel is broken" in page
+
+
+def test_the_terminal_summary_and_verify_report_take_every_row(every_kind):
+    rows, run_dir = every_kind
+    short = results.summary_text(rows)
+    full = results.summary_text(rows, verbose=True)
+    assert "verdicts per op and kernel" in short and "kinds:argmax_wrong" in short
+    assert "SKIP 1 row(s) of backend kinds_offline: no such device" in short
+    assert full.count("kinds_argmax") > short.count("kinds_argmax")
+    out = run_cli("report", run_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rebuilt" in out.stdout
+
+
+def test_skip_is_never_a_failure_colour(every_kind):
+    from verify.report import html
+    assert html._worst({"PASS", "SKIP"}) == "PASS"
+    assert html._worst({"SKIP"}) == "SKIP"
+    assert html._worst({"SKIP", "FAIL"}) == "FAIL"
+    page = (every_kind[1] / "report.html").read_text()
+    skip_css = page.split(".SKIP {")[1].split("}")[0]
+    fail_css = page.split(".FAIL {")[1].split("}")[0]
+    assert skip_css != fail_css and "#fff3bf" not in skip_css  # not the old warning yellow
