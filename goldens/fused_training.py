@@ -58,6 +58,8 @@ def norm_dims(x: torch.Tensor, gamma: torch.Tensor) -> tuple[int, ...]:
     grads=Gradients(wrt=("x1", "x2", "gamma", "beta"), of=("y", "x"),
                     reduced={"gamma": broadcast_length("gamma", "x1"),
                              "beta": broadcast_length("beta", "x1")}),
+    # Liger and Hugging Face round x = x1 + x2 to the working dtype and normalise that
+    reuse={"x": lambda ins, x: {**ins, "x1": x, "x2": torch.zeros_like(x)}},
     description="x = x1 + x2; rstd = 1/sqrt(mean(x^2 over gamma's trailing dims) + eps); "
                 "y = x*rstd*gamma (+ beta). Outputs (y, rstd, x); rstd keeps the leading dims "
                 "with 1 for each normalised dim (x [2,4,8,64], gamma [8,64]: rstd [2,4,1,1]).",
@@ -131,6 +133,9 @@ def gate(g: torch.Tensor, activation: str) -> torch.Tensor:
     grads=Gradients(wrt=("x", "g", "weight", "bias", "residual"),
                     reduced={"weight": broadcast_length("weight", "x"),
                              "bias": broadcast_length("bias", "x")}),
+    # prenorm kernels may round h = x + residual (residual_out) and normalise that
+    reuse={"residual_out": lambda ins, h: {
+        **ins, "x": h, "residual": None if ins["residual"] is None else torch.zeros_like(h)}},
     description="h = x + residual; y = rmsnorm(h) * weight (+ bias) * act(g), act swish / "
                 "silu (g*sigmoid(g)) or sigmoid; prenorm also returns residual_out = h.",
 )

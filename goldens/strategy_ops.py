@@ -63,9 +63,16 @@ def _seq_dim_shape(main):
     return (main[-3], main[-1])
 
 
+# Real callers pass rotary tables built from positions and inverse frequencies, whose two
+# halves (rotate_half) or pairs (interleaved) are equal, and kernels such as Hugging Face's
+# and Liger's read only half of each. Random tables would break that contract.
+ROTARY_COS = {"dist": "rotary", "part": "cos"}
+ROTARY_SIN = {"dist": "rotary", "part": "sin"}
+
+
 def _rope_inputs():
-    return [InputSpec("x"), InputSpec("cos", shape=_seq_dim_shape, dist=_UNIT),
-            InputSpec("sin", shape=_seq_dim_shape, dist=_UNIT)]
+    return [InputSpec("x"), InputSpec("cos", shape=_seq_dim_shape, dist=ROTARY_COS),
+            InputSpec("sin", shape=_seq_dim_shape, dist=ROTARY_SIN)]
 
 
 def _check_rope(x, cos, sin, op="rope"):

@@ -37,11 +37,11 @@ if not _os.path.isdir(_os.path.join(_HERE, "goldens")) and all(
 _EXPORTS = {
     "run": "api", "RunResult": "api",
     "compare": "comparison", "Verdict": "comparison",
-    "ConfigError": "errors", "CaseFileError": "errors",
+    "ConfigError": "errors", "CaseFileError": "errors", "Unsupported": "errors",
     "ops": "registry", "op": "registry", "kernel": "registry", "backward_kernel": "registry",
     "declare_op": "registry", "InputSpec": "registry", "OutputSpec": "registry",
     "Gradients": "registry", "broadcast_length": "registry", "WORKING": "registry",
-    "Backend": "registry", "register_backend": "registry",
+    "Backend": "registry", "register_backend": "registry", "backend": "registry",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -51,7 +51,8 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'verify' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f"verify.{module}"), name)
+    attr = "declare_backend" if name == "backend" else name  # verify.backend(...) declares
+    value = getattr(importlib.import_module(f"verify.{module}"), attr)
     globals()[name] = value
     return value
 

@@ -9,6 +9,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -42,6 +43,7 @@ class Case:
     description: str = ""
     case_params: dict = field(default_factory=dict)  # only those the file set
     mode: str = "forward"  # forward | backward | both
+    views: tuple = ()  # slices of an output judged by a standard of their own
 
     @property
     def forward(self) -> bool:
@@ -193,6 +195,22 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
     std = raw.get("standard")
     if std is not None:
         _check_standard(std, spec, fail)
+    for name, dist in raw.get("inputs", {}).items():
+        if dist.get("dist") == "argmax" and dist["of"] not in spec.input_names:
+            fail(f"'of' names no input of op '{spec.name}' (inputs: "
+                 f"{', '.join(spec.input_names)})", f".inputs.{name}.of")
+    known_outputs = spec.output_names + spec.grad_outputs()
+    for j, view in enumerate(raw.get("views", [])):
+        if view["output"] not in known_outputs:
+            fail(f"op '{spec.name}' has no output '{view['output']}' (outputs: "
+                 f"{', '.join(known_outputs)})", f".views[{j}].output")
+        if view["at"] not in spec.input_names:
+            fail(f"'at' must name an integer input of op '{spec.name}' holding indices into "
+                 f"the output's last dim (inputs: {', '.join(spec.input_names)})",
+                 f".views[{j}].at")
+        if "standard" in view:
+            _check_standard(view["standard"], spec, lambda m, sub="": fail(
+                m, f".views[{j}]" + sub.replace(".standard", ".standard", 1)))
     steps = int(raw.get("steps", 1))
     if steps > 1 and not spec.feedback:
         fail(f"op '{spec.name}' declares no feedback of outputs into inputs, so it cannot "
@@ -238,7 +256,7 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         dists.update({n: d for n, d in raw.get("inputs", {}).items() if n in upstream_names})
         for n in spec.input_names:  # explicit values and left-out inputs fix the shape
             if dists[n]["dist"] == "given":
-                in_shapes[n] = (len(dists[n]["values"]),)
+                in_shapes[n] = _given_shape(dists[n], fail, f".inputs.{n}")
             elif dists[n]["dist"] == "none":
                 in_shapes[n] = ()
         suffix = [canon, shape_str(main)]
@@ -252,8 +270,26 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
             seed=int(raw.get("seed", 0)), dists=dists, steps=steps,
             standard=std, tags=tuple(raw.get("tags", ())), expect_error=expect_error,
             file=fname, json_path=where, description=raw.get("description", ""),
-            case_params=case_params, mode=mode,
+            case_params=case_params, mode=mode, views=tuple(raw.get("views", ())),
         )
+
+
+def _given_shape(dist, fail, where) -> tuple[int, ...]:
+    """Explicit values fix their input's shape: nested lists, or flat values with a
+    ``shape`` (their count must match)."""
+    from .inputs import given_shape
+    try:
+        shape = given_shape(dist)
+    except ValueError:
+        fail("explicit values must nest evenly (every row of one length)", f"{where}.values")
+    flat = _count(dist["values"])
+    if flat != math.prod(shape):
+        fail(f"{flat} explicit values do not fill shape {list(shape)}", f"{where}.shape")
+    return shape
+
+
+def _count(values) -> int:
+    return sum(_count(v) for v in values) if isinstance(values, list) else 1
 
 
 def _fmt(v) -> str:

@@ -24,3 +24,8 @@ class CaseFileError(ConfigError):
         if json_path:
             where.append(f"at {json_path}")
         super().__init__(": ".join([", ".join(where), message]))
+
+
+class Unsupported(Exception):
+    """Raised by a kernel for inputs or params it does not implement (a GELU without the
+    erf form, a backward it does not have): its rows are SKIP with this reason, not ERROR."""

@@ -38,9 +38,51 @@ def _signs(rng, shape):
     return np.where(rng.random(shape) < 0.5, -1.0, 1.0)
 
 
+def _given(values, dtype) -> np.ndarray:
+    """Explicit values, nested lists for several dims, each a number or a named value."""
+    if isinstance(values, (list, tuple)):
+        parts = [_given(v, dtype) for v in values]
+        return np.stack(parts) if parts else np.empty(0)
+    return np.asarray(_value(values, dtype), dtype=np.float64)
+
+
+def given_shape(dist: Mapping) -> tuple[int, ...]:
+    """The shape of explicit values: ``shape`` when given (the values are then flat or
+    already of that shape), else the nesting of ``values``."""
+    if "shape" in dist:
+        return tuple(int(n) for n in dist["shape"])
+    return tuple(np.shape(np.asarray(dist["values"], dtype=object)))
+
+
+def rotary_table(shape: tuple[int, ...], part: str, theta: float = 10000.0,
+                 layout: str = "rotate_half", offset: int = 0, scaling: str = "none",
+                 factor: float = 1.0) -> np.ndarray:
+    """cos or sin of rotary position embeddings, [..., S, D], as models build them:
+    angle(p, i) = p * theta^(-2i/D) for positions p = offset.. and i < D/2, laid out as
+    cat(f, f) (rotate_half: Hugging Face Llama) or repeat_interleave(f, 2) (interleaved:
+    GPT-J). Scaled variants: 'linear' divides positions by ``factor`` (position
+    interpolation); 'ntk' raises theta to theta * factor^(D / (D - 2)) (NTK-aware)."""
+    seq, dim = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1] if shape else 0)
+    if dim % 2:
+        raise ValueError(f"rotary tables need an even last dim, got {dim}")
+    if scaling == "ntk" and dim > 2:
+        theta = theta * factor ** (dim / (dim - 2))
+    inv_freq = theta ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    pos = np.arange(offset, offset + seq, dtype=np.float64)
+    if scaling == "linear":
+        pos = pos / factor
+    angles = np.outer(pos, inv_freq)
+    emb = (np.repeat(angles, 2, axis=-1) if layout == "interleaved"
+           else np.concatenate([angles, angles], axis=-1))
+    table = np.cos(emb) if part == "cos" else np.sin(emb)
+    return np.broadcast_to(table.reshape((seq, dim)[-len(shape):] if len(shape) < 2
+                                         else (seq, dim)), shape).copy()
+
+
 def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
-         rng: np.random.Generator) -> np.ndarray:
-    """float64 values for one input; ``dtype`` only sets the range of named extremes."""
+         rng: np.random.Generator, params: Mapping | None = None) -> np.ndarray:
+    """float64 values for one input; ``dtype`` only sets the range of named extremes;
+    ``params`` are the case's (a rotary table follows its ``layout``)."""
     kind = dist["dist"]
     fdtype = dtype if dtype.is_floating_point else torch.float32
     if kind == "normal":
@@ -68,9 +110,13 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
         out = np.full(shape, np.nan)
     elif kind == "inf":
         out = np.inf * _signs(rng, shape)
-    elif kind == "given":  # explicit values (cu_seqlens offsets, say)
-        out = np.asarray([_value(v, fdtype) for v in dist["values"]], dtype=np.float64)
-        out = out.reshape(shape)
+    elif kind == "given":  # explicit values (cu_seqlens offsets, a table), any shape
+        out = _given(dist["values"], fdtype).reshape(shape)
+    elif kind == "rotary":
+        layout = dist.get("layout") or (params or {}).get("layout", "rotate_half")
+        out = rotary_table(shape, dist["part"], float(dist.get("theta", 10000.0)), layout,
+                           int(dist.get("offset", 0)), dist.get("scaling", "none"),
+                           float(dist.get("factor", 1.0)))
     elif kind == "permutation":  # a random order of 0..n-1 along the last axis
         n = shape[-1] if shape else 1
         rows = max(1, int(np.prod(shape[:-1]))) if shape else 1
@@ -79,8 +125,14 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
         total, n = int(dist["total"]), shape[-1] if shape else 1
         cuts = np.sort(rng.integers(0, total + 1, n - 1)) if n > 1 else np.empty(0)
         out = np.diff(np.concatenate([[0], cuts, [total]])).reshape(shape)
+    elif kind == "peaked":  # one random entry per row raised by 'margin': confident logits
+        out = rng.normal(float(dist.get("mean", 0.0)), float(dist.get("std", 1.0)), shape)
+        if out.size:
+            rows = out.reshape(-1, shape[-1])
+            rows[np.arange(rows.shape[0]), rng.integers(0, shape[-1], rows.shape[0])] += \
+                float(dist.get("margin", 10.0))
     elif kind == "special":
-        out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng)
+        out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng, params)
         values = [_value(v, fdtype) for v in dist.get("values", ["nan", "inf", "-inf"])]
         pick = rng.random(shape) < float(dist.get("fraction", 0.01))
         choice = rng.integers(0, len(values), shape)
@@ -110,24 +162,34 @@ def resolve_dims(dist: Mapping, shapes: Mapping[str, tuple[int, ...]]) -> Mappin
 
 
 def make_input(name: str, dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
-               seed: int, step: int = 0) -> torch.Tensor:
+               seed: int, step: int = 0, params: Mapping | None = None) -> torch.Tensor:
     rng = np.random.Generator(np.random.PCG64(derive_seed(seed, name, step)))
-    values = draw(dist, tuple(shape), dtype, rng)
-    return torch.from_numpy(values).to(dtype)
+    values = draw(dist, tuple(shape), dtype, rng, params)
+    # 0-d results of numpy ufuncs (abs of a scalar) are numpy scalars, not arrays
+    return torch.from_numpy(np.asarray(values, dtype=np.float64).reshape(shape)).to(dtype)
 
 
 def make_inputs(case, step: int = 0, names=None) -> dict[str, torch.Tensor | None]:
     """All inputs of a case (or only ``names``) at a given step, on the CPU; an optional
     input the case leaves out ({"dist": "none"}) is None."""
     out = {}
-    for name in names if names is not None else case.input_shapes:
+    wanted = list(names if names is not None else case.input_shapes)
+    # inputs derived from another input's values ({"dist": "argmax", "of": ...}) come last
+    wanted.sort(key=lambda n: case.dists[n]["dist"] == "argmax")
+    for name in wanted:
         if case.dists[name]["dist"] == "none":
             out[name] = None
             continue
+        if case.dists[name]["dist"] == "argmax":  # labels of the confident class, say
+            src = case.dists[name]["of"]
+            values = out[src] if src in out else make_inputs(case, step, [src])[src]
+            out[name] = values.double().argmax(dim=-1).reshape(
+                case.input_shapes[name]).to(case.input_dtypes[name])
+            continue
         dist = resolve_dims(case.dists[name], case.input_shapes)
         out[name] = make_input(name, dist, case.input_shapes[name],
-                               case.input_dtypes[name], case.seed, step)
-    return out
+                               case.input_dtypes[name], case.seed, step, case.params)
+    return {n: out[n] for n in (names if names is not None else case.input_shapes)}
 
 
 UPSTREAM_DIST = {"dist": "normal", "mean": 0.0, "std": 1.0}

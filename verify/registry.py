@@ -145,6 +145,9 @@ class OpSpec:
     grads: Gradients | None = None
     cases: str | None = None  # the op's own case file or folder (user op packs)
     where: str = ""  # file:line of the golden, for messages
+    # output -> fn(float64 inputs, that output rounded to its dtype) -> inputs: a kernel may
+    # legitimately round this output and compute the others from it (README "reuse")
+    reuse: dict[str, Callable[[dict, torch.Tensor], dict]] = field(default_factory=dict)
     # -- the public surface -------------------------------------------------------
     def golden(self, **kwargs):
         """Run the float64 golden: inputs are upcast to float64 on the CPU first."""
@@ -271,7 +274,8 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
                ranks: tuple[int, int] | None = None, feedback: dict | None = None,
                step_param: str | None = None, aliases: Sequence[str] = (),
                description: str = "", version: str | None = None,
-               grads: Gradients | None = None, cases: str | os.PathLike | None = None):
+               grads: Gradients | None = None, cases: str | os.PathLike | None = None,
+               reuse: dict[str, Callable[[dict, torch.Tensor], dict]] | None = None):
     """Decorator for a float64 golden function: declares the op it is the golden of.
 
     inputs / outputs: ``InputSpec`` / ``OutputSpec`` in call order; params: name ->
@@ -279,7 +283,10 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
     standard (a name or a dict); validate: the real wrapper's input checks (raise
     TypeError / ValueError: ``expect_error`` cases test them); ranks: (min, max) rank of a
     case's main shape (default any); grads: the backward it declares; cases: the op's case
-    file or folder (relative to the declaring file), used when ``--cases`` is not given.
+    file or folder (relative to the declaring file), used when ``--cases`` is not given;
+    reuse: output -> fn(inputs, rounded) giving the inputs on which the golden computes
+    the other outputs from that output rounded to its dtype (x = x1 + x2 rounded, then
+    normalised): an implementation doing so is judged against that golden too.
     """
 
     def wrap(golden_fn):
@@ -312,6 +319,7 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
             feedback=dict(feedback or {}), step_param=step_param, aliases=tuple(aliases),
             description=description or (inspect.getdoc(golden_fn) or "").split("\n")[0],
             version=version, grads=grads, cases=case_path, where=where,
+            reuse=dict(reuse or {}),
         )
         return golden_fn
 
@@ -347,6 +355,7 @@ class Backend:
     note: str = ""  # how it runs here (e.g. "Triton interpreter on the CPU")
     isolation: str = "in-process"  # or "subprocess": each case in a process of its own
     module: str | None = None  # an optional built-in backend: imported when a run uses it
+    triton: bool = False  # its kernels are Triton kernels (the interpreter probe applies)
 
     def available(self) -> tuple[bool, str]:
         return self.check()
@@ -360,6 +369,19 @@ class Kernel:
     fn: Callable[..., Any]
     description: str = ""
     where: str = ""  # file:line of the function
+    dtypes: tuple[str, ...] | None = None  # working dtypes it covers (None: all)
+    params: dict[str, tuple] | None = None  # param -> the values it covers
+    forward_only: bool = False  # no backward: gradient rows SKIP
+
+    def unsupported(self, dtype: str, params: dict) -> str:
+        """Why this kernel does not cover a case ('' when it does), from what it declared."""
+        if self.dtypes is not None and dtype not in self.dtypes:
+            return f"kernel {self.backend}:{self.name} covers dtypes {', '.join(self.dtypes)}"
+        for name, allowed in (self.params or {}).items():
+            if name in params and params[name] not in allowed:
+                return (f"kernel {self.backend}:{self.name} covers {name} in "
+                        f"{list(allowed)}, not {params[name]!r}")
+        return ""
 
     @property
     def id(self) -> str:
@@ -391,6 +413,21 @@ _KERNELS: list[Kernel] = []
 _BACKWARDS: dict[tuple[str, str, str | None], Callable[..., Any]] = {}
 
 
+def declare_backend(name: str, *, device: str = "cpu",
+                    check: Callable[[], tuple[bool, str]] | None = None,
+                    max_elements: int | None = None, versions: Callable[[], dict] | dict |
+                    None = None, note: str = "", default: bool = True,
+                    triton: bool = False) -> Backend:
+    """``verify.backend(...)``: declare a user backend: the device its kernels get their
+    inputs on, an availability check returning (ok, why not), the largest case (elements
+    per input) it takes, the versions a report records, a note on how it runs; ``triton``:
+    its kernels are Triton kernels (rows then carry the interpreter probe's warnings)."""
+    vers = versions if callable(versions) else (lambda: dict(versions or {}))
+    return register_backend(Backend(name, device=device, check=check or (lambda: (True, "")),
+                                    max_elements=max_elements, versions=vers, note=note,
+                                    default=default, triton=triton))
+
+
 def register_backend(backend: Backend) -> Backend:
     """Add or replace a backend (``verify.Backend``: device, availability check, size cap,
     versions, note). Kernels name it with ``@verify.kernel(op, backend=NAME)``."""
@@ -398,8 +435,14 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-def kernel(op: str, backend: str = "torch", name: str | None = None, description: str = ""):
+def kernel(op: str, backend: str = "torch", name: str | None = None, description: str = "",
+           *, dtypes: Sequence[str] | None = None, params: dict | None = None,
+           forward_only: bool = False):
     """Register ``fn(**inputs, **params)`` as a kernel of ``op`` under ``backend``.
+
+    What it covers: ``dtypes`` (working dtypes), ``params`` (name -> the values it
+    implements), ``forward_only`` (no backward). Cases outside that are SKIP rows with the
+    reason, as are cases for which the kernel raises ``verify.Unsupported("why")``.
 
     The kernel is named after the function (or ``name=``), so several kernels of one op
     live side by side under one backend; registering the same (op, backend, name) from
@@ -424,9 +467,15 @@ def kernel(op: str, backend: str = "torch", name: str | None = None, description
                     f"kernel '{kname}' of op '{op}' under backend '{backend}' is registered "
                     f"twice: at {k.where} and at {where}; give one of them another name "
                     f"(@verify.kernel('{op}', backend='{backend}', name=...))")
+        try:
+            covered = None if dtypes is None else tuple(dt.canonical_name(d) for d in dtypes)
+        except KeyError as exc:
+            raise ConfigError(f"kernel '{kname}' ({where}): unknown dtype {exc}") from None
         _KERNELS.append(Kernel(op, backend, kname, fn,
                                description or (inspect.getdoc(fn) or "").split("\n")[0],
-                               where))
+                               where, covered,
+                               {k: tuple(v) for k, v in (params or {}).items()} or None,
+                               forward_only))
         return fn
 
     return wrap
@@ -585,7 +634,11 @@ def backend(name: str) -> Backend:
 
 
 def kernels(op_name: str | None = None, backend_names: Sequence[str] | None = None) -> list[Kernel]:
+    """Registered kernels of an op and/or backends. Naming backends loads them (an
+    optional built-in backend is imported on first use); without, the loaded ones."""
     load_builtin()
+    if backend_names is not None:
+        load_backends(backend_names)
     return [k for k in _KERNELS
             if (op_name is None or k.op == op_name)
             and (backend_names is None or k.backend in backend_names)]

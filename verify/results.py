@@ -31,7 +31,9 @@ COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "o
            + ["golden_source", "golden_s", "kernel_s", "kernel_median_s", "aicore_time_us",
               "seed", "params", "tags", "inputs_sha", "file",
               # backward verification (appended: earlier columns keep their positions)
-              "mode", "reduction_n", "tol_scale", "backward_s"])
+              "mode", "reduction_n", "tol_scale", "backward_s",
+              # legitimate variants (appended): the golden a row passed against
+              "golden_variant"])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 

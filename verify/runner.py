@@ -6,6 +6,7 @@ with its reason. Nothing here stops the run: the next case always runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -21,7 +22,8 @@ from . import registry
 from .cases import Case
 from .comparison import compare, compare_topk, resolve_standard
 from .difftable import worst_elements
-from . import golden_source, plotdata
+from .errors import Unsupported
+from . import golden_source, plotdata, triton_probe
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 DIFF_ROWS = 10
@@ -249,6 +251,12 @@ def _raised_expected(exc: BaseException, expected: str) -> bool:
 
 def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     """Every result row of ``case`` run by ``kern``."""
+    rows = _run_case(case, kern)
+    _interpreter_warning(rows, case, kern, registry.backend(kern.backend))
+    return rows
+
+
+def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     spec = registry.op(case.op)
     backend = registry.backend(kern.backend)
     base = _base_row(case, kern, backend)
@@ -261,6 +269,17 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
                          f"{size} elements per input; {backend.name} ({backend.note or 'here'}) "
                          f"takes cases up to {backend.max_elements}: large shapes run on a "
                          f"real device")]
+    grad_skip = ""
+    if not case.expect_error:  # a kernel's input checks are judged whatever it covers
+        why = kern.unsupported(case.dtype, case.params)
+        if not why and kern.forward_only and case.backward:
+            why = f"kernel {kern.backend}:{kern.name} is forward-only (no backward to verify)"
+            if case.forward:  # judge the forward; the gradients are SKIP rows
+                grad_skip, why = why, ""
+                grad_rows = golden_source.grad_names(spec, case)
+                case = dataclasses.replace(case, mode="forward")
+        if why:
+            return [skip_row(case, kern, backend, why)]
     try:
         first_inputs = inp.make_inputs(case)
         base["inputs_sha"] = inp.fingerprint(first_inputs)
@@ -287,6 +306,8 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
                                                               first_inputs)
     except KernelSignatureError as exc:
         return [_row(base, verdict="ERROR", reason=str(exc))]
+    except Unsupported as exc:
+        return [_row(base, verdict="SKIP", reason=f"kernel does not support this case: {exc}")]
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
     base.update(_NOTES)
@@ -314,9 +335,16 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
                                             graph, upstream))
             _sync(backend.device)
             base["backward_s"] = round(time.perf_counter() - t0, 6)
+        except Unsupported as exc:
+            grad_skip = f"kernel does not support this backward: {exc}"
         except Exception as exc:
             grad_error = f"kernel backward raised {_error_text(exc)}"
     rows = []
+    alt = Alternatives(spec, case, first_inputs, g_steps[0]) if spec.reuse else None
+    if grad_skip and not case.backward:  # forward-only kernel of a forward+backward case
+        rows += [_row(base, output=g, verdict="SKIP", reason=grad_skip,
+                      out_dtype=dt.name_of(spec.output_dtype(g, case.dtype, case.params)))
+                 for g in grad_rows]
     for out_name in names:
         out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
         row = _row(base, output=out_name, out_dtype=dt.name_of(out_dtype),
@@ -325,12 +353,79 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         if grad_error and out_name not in k_steps[0]:
             rows.append(_row(row, verdict="ERROR", reason=grad_error))
             continue
+        if grad_skip and out_name not in k_steps[0]:
+            rows.append(_row(row, verdict="SKIP", reason=grad_skip))
+            continue
         try:
             rows.append(_judge_output(row, spec, case, out_name, out_dtype, k_steps,
-                                      g_steps, last_inputs))
+                                      g_steps, last_inputs, alt))
+        except Exception as exc:
+            rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
+    for view in case.views:
+        out_name = view["output"]
+        if out_name not in names or out_name not in k_steps[-1]:
+            continue
+        row = _row(base, output=f"{out_name}[{view['name']}]", golden_source=golden.source,
+                   golden_s=round(golden.seconds, 6), kernel_s=round(k_seconds, 6))
+        try:
+            rows.append(_judge_view(row, spec, case, view, k_steps[-1][out_name],
+                                    g_steps[-1][out_name], last_inputs))
         except Exception as exc:
             rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
     return rows
+
+
+def _judge_view(row, spec, case, view, actual, golden, inputs) -> dict:
+    """An output's elements at the indices an integer input holds along its last dim (the
+    true class of a cross entropy, say), judged by the view's own standard: values that
+    are tiny next to the rest of the tensor get a criterion that sees them."""
+    out_dtype = spec.output_dtype(view["output"], case.dtype, case.params)
+    index = inputs[view["at"]].reshape(-1).long()
+    flat_a = actual.reshape(-1, actual.shape[-1]) if actual.dim() else actual.reshape(1, 1)
+    flat_g = golden.reshape(flat_a.shape)
+    if index.numel() != flat_a.shape[0]:
+        raise ValueError(f"view '{view['name']}': {index.numel()} indices in "
+                         f"'{view['at']}' for {flat_a.shape[0]} rows of '{view['output']}'")
+    keep = (index >= 0) & (index < flat_a.shape[-1])  # ignore_index and the like
+    pick = index[keep][:, None]
+    a, g = flat_a[keep].gather(-1, pick)[:, 0], flat_g[keep].gather(-1, pick)[:, 0]
+    std = resolve_standard(view.get("standard") or case.standard or spec.standard,
+                           view["output"])
+    v = compare(a, g, dtype=out_dtype, standard=std)
+    row.update(out_dtype=dt.name_of(out_dtype), verdict=v.verdict, standard=v.standard,
+               reason=f"{int(keep.sum())} elements at {view['at']}: {v.reason}",
+               warning=v.warning, margin=v.margin, floor_margin=v.floor_margin)
+    row.update(v.metrics.as_dict())
+    if v.floor is not None:
+        row.update({f"floor_{k}": getattr(v.floor, k) for k in FLOOR_FIELDS})
+    if not v.passed:
+        row["diff_table"] = worst_elements(a, g, {}, k=DIFF_ROWS)
+    return row
+
+
+def _interpreter_warning(rows: list[dict], case: Case, kern: registry.Kernel,
+                         backend: registry.Backend) -> None:
+    """Rows of a Triton kernel carry the interpreter probe's defects for their dtypes."""
+    is_triton = backend.triton or _triton_kernel(kern)
+    if not is_triton:
+        return
+    dtypes = {case.dtype} | {dt.name_of(d) for d in case.input_dtypes.values()}
+    for r in rows:
+        if r["verdict"] == "SKIP":
+            continue
+        text = triton_probe.warning_for(dtypes | {r.get("out_dtype") or ""}, True)
+        if text:
+            r["warning"] = " | ".join(filter(None, [r.get("warning"), text]))
+
+
+_TRITON_KERNELS: dict[int, bool] = {}
+
+
+def _triton_kernel(kern: registry.Kernel) -> bool:
+    key = id(kern.fn)
+    if key not in _TRITON_KERNELS:
+        _TRITON_KERNELS[key] = triton_probe.is_triton_kernel(kern.fn)
+    return _TRITON_KERNELS[key]
 
 
 def reduction_scale(spec, case, out_name: str, out_dtype: torch.dtype) -> tuple[int, float]:
@@ -345,7 +440,34 @@ def reduction_scale(spec, case, out_name: str, out_dtype: torch.dtype) -> tuple[
     return n, max(1.0, math.sqrt(n) * u_acc / u_out)
 
 
-def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_inputs):
+class Alternatives:
+    """The goldens of legitimate variants (``declare_op(reuse=...)``): the op's golden run
+    from one of its outputs rounded to that output's dtype. Computed only when an output
+    fails against the exact golden, once per case."""
+
+    def __init__(self, spec, case, first_inputs, golden_step):
+        self.spec, self.case, self.inputs, self.golden = spec, case, first_inputs, golden_step
+        self._cache = None
+
+    def goldens(self, out_name: str) -> list[tuple[str, torch.Tensor]]:
+        if self._cache is None:
+            self._cache = []
+            for name, remap in self.spec.reuse.items():
+                if name not in self.golden:
+                    continue
+                dtype = self.spec.output_dtype(name, self.case.dtype, self.case.params)
+                rounded = self.golden[name].to(dtype).to(torch.float64)
+                ins = {k: None if v is None else v.to(torch.float64)
+                       for k, v in self.inputs.items()}
+                traj = golden_source.golden_trajectory(self.spec, self.case, remap(ins, rounded))
+                names = golden_source.golden_names(self.spec, self.case)
+                self._cache.append((f"{name} rounded to {dt.name_of(dtype)}",
+                                    dict(zip(names, traj[0]))))
+        return [(label, g[out_name]) for label, g in self._cache if out_name in g]
+
+
+def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_inputs,
+                  alt: Alternatives | None = None):
     std = resolve_standard(case.standard or spec.standard, out_name)
     n_terms, k = reduction_scale(spec, case, out_name, out_dtype)
     if k > 1.0 and "scale" not in std:
@@ -370,9 +492,20 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
                          "mare": v.metrics.mare, "max_abs": v.metrics.max_abs,
                          "rmse": v.metrics.rmse, "eb": v.metrics.eb})
     failing = [(s, v) for s, v in enumerate(verdicts) if not v.passed]
+    variant = ""
+    if failing and alt is not None and case.steps == 1 and compare_how == "values":
+        for label, g_alt in alt.goldens(out_name):
+            v2 = compare(k_steps[0][out_name], g_alt, dtype=out_dtype, standard=std)
+            if v2.passed:
+                verdicts, failing, variant = [v2], [], label
+                break
     s_final, decisive = failing[0] if failing else (len(verdicts) - 1, verdicts[-1])
     final = verdicts[-1]
     reason = decisive.reason
+    if variant:
+        reason = (f"{reason}, against the golden computed from {variant} (a legitimate "
+                  f"rounding of a declared output; the exact golden's verdict was FAIL)")
+        row["golden_variant"] = variant
     if case.steps > 1 and failing:
         reason = f"step {s_final + 1}/{case.steps}: {reason}"
     row.update(verdict=decisive.verdict, standard=decisive.standard, reason=reason,

@@ -30,6 +30,16 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _pair(got: float, need: float) -> tuple[str, str]:
+    """A value and the threshold it is compared with, printed with as many digits as it
+    takes to tell them apart (a share of 0.98995 against 0.99 is not '0.99 < 0.99')."""
+    for digits in range(3, 18):
+        a, b = f"{got:.{digits}g}", f"{need:.{digits}g}"
+        if a != b or got == need:
+            return a, b
+    return repr(got), repr(need)
+
+
 def _v1_threshold(dtype, spec) -> float:
     return (float(spec.get("threshold", dt.traits(dtype).cann_v1_threshold))
             * float(spec.get("scale", 1.0)))
@@ -44,9 +54,9 @@ def cann_v1(m: Metrics, dtype, spec):
     """CANN v1: MERE < T and MARE < 10 T, T per output dtype (times ``scale``)."""
     t = _v1_threshold(dtype, spec)
     if m.mere >= t:
-        return False, f"MERE {_g(m.mere)} >= {_g(t)}"
+        return False, "MERE {} >= {}".format(*_pair(m.mere, t))
     if m.mare >= 10 * t:
-        return False, f"MARE {_g(m.mare)} >= 10*T {_g(10 * t)}"
+        return False, "MARE {} >= 10*T {}".format(*_pair(m.mare, 10 * t))
     return True, f"MERE {_g(m.mere)} < {_g(t)}, MARE {_g(m.mare)} < {_g(10 * t)}"
 
 
@@ -59,7 +69,8 @@ def cann_v2(m: Metrics, dtype, spec):
     limit = _v2_limit(dtype, spec)
     k = float(spec.get("scale", 1.0))
     if m.v2_match_ratio < ratio:
-        return False, (f"matched {_g(m.v2_match_ratio)} < {ratio} "
+        got, need = _pair(m.v2_match_ratio, float(ratio))
+        return False, (f"matched {got} < {need} "
                        f"(atol {_g(tr.v2_atol * k)}, rtol {_g(tr.v2_rtol * k)})")
     if m.max_abs > limit and m.ulp_max > 32:
         return False, f"max abs {_g(m.max_abs)} > {_g(limit)} and max ULP {_g(m.ulp_max)} > 32"
@@ -80,7 +91,7 @@ def _ratio_standard(field: str, t: float):
         need = float(spec.get("ratio", 1.0 - t))
         got = getattr(m, field)
         if got < need:
-            return False, f"{field} ratio {_g(got)} < {_g(need)} (rel < {t})"
+            return False, "{} ratio {} < {} (rel < {})".format(field, *_pair(got, need), t)
         return True, f"{field} ratio {_g(got)} >= {_g(need)}"
     judge.__doc__ = f"msprobe {field} standard: share of elements with rel < {t} >= 1 - {t}."
     return judge
@@ -97,7 +108,7 @@ def ulp(m: Metrics, dtype, spec):
     share(ULP > 1) < 0.001."""
     if dtype in (torch.float16, torch.bfloat16):
         if m.ulp_gt1_ratio >= 0.001:
-            return False, f"share(ULP > 1) {_g(m.ulp_gt1_ratio)} >= 0.001"
+            return False, "share(ULP > 1) {} >= {}".format(*_pair(m.ulp_gt1_ratio, 0.001))
         return True, f"share(ULP > 1) {_g(m.ulp_gt1_ratio)} < 0.001"
     if m.ulp_mean < 64 or m.ulp_gt32_ratio < 0.05:
         return True, f"mean ULP {_g(m.ulp_mean)}, share(ULP > 32) {_g(m.ulp_gt32_ratio)}"

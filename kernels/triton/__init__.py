@@ -41,13 +41,18 @@ def _check() -> tuple[bool, str]:
 
 
 def _versions() -> dict:
-    return {"triton": getattr(triton, "__version__", "not installed"),
-            "mode": "interpreter" if INTERPRETED else "compiled"}
+    from verify import triton_probe
+    out = {"triton": getattr(triton, "__version__", "not installed"),
+           "mode": "interpreter" if INTERPRETED else "compiled"}
+    if INTERPRETED and triton is not None:
+        out["interpreter probe"] = triton_probe.summary()
+    return out
 
 
 BACKEND = register_backend(Backend(
     "triton", device="cuda" if ON_GPU and not INTERPRETED else "cpu", check=_check,
     versions=_versions, max_elements=INTERPRETER_MAX_ELEMENTS if INTERPRETED else None,
+    triton=True,
     note="Triton interpreter on the CPU" if INTERPRETED else "compiled on the GPU"))
 
 
