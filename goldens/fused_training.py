@@ -269,9 +269,11 @@ def _d_terms(shapes):
 @declare_op(
     "mhc_post",
     inputs=[InputSpec("x", shape=_bsd_of), InputSpec("residual"),
-            InputSpec("h_post", F32, shape=_n_of),
-            InputSpec("h_res", F32, shape=_nn_of, dist={"dist": "uniform", "low": 0.0,
-                                                         "high": 0.5})],
+            # as mHC's pre-step makes them: h_post = 2*sigmoid(.) in (0, 2), h_res out of
+            # sinkhorn (doubly stochastic)
+            InputSpec("h_post", F32, shape=_n_of, dist={"dist": "uniform", "low": 0.0,
+                                                        "high": 2.0}),
+            InputSpec("h_res", F32, shape=_nn_of, dist={"dist": "doubly_stochastic"})],
     params={},
     outputs=[OutputSpec("out")],
     dtypes=FLOATS,

@@ -143,11 +143,16 @@ def pad_cols(block: torch.Tensor, width: int) -> torch.Tensor:
         [block, torch.zeros(*block.shape[:-1], short, dtype=block.dtype)], -1)
 
 
+# The sub-steps get what the steps before them produce: g is chunk_local_cumsum's
+# output (per-token log decays summed within a chunk, so non-increasing there; kernels may
+# clamp exp(g_i - g_j) at 1), A is solve_tril's (unit lower triangular per chunk).
+CHUNK_GATES = {"dist": "chunk_cumsum", "low": -0.1, "high": 0.0, "segments": "cu_seqlens"}
+
+
 @declare_op(
     "chunk_scaled_dot_kkt",
     inputs=[InputSpec("k", dist={"dist": "normal", "std": 0.1}),
-            InputSpec("g", "fp32", shape=_bth, dist={"dist": "uniform", "low": -3.0,
-                                                       "high": 0.0}, optional=True),
+            InputSpec("g", "fp32", shape=_bth, dist=CHUNK_GATES, optional=True),
             InputSpec("beta", shape=_bth, dist={"dist": "uniform", "low": 0.0, "high": 1.0}),
             InputSpec("cu_seqlens", "int64", shape=lambda m: (2,), dist=NONE, optional=True)],
     params=dict(chunk_size=64),
@@ -242,9 +247,9 @@ def _a_of(main):
     "recompute_w_u",
     inputs=[InputSpec("k", dist={"dist": "normal", "std": 0.1}), InputSpec("v"),
             InputSpec("beta", shape=_bth, dist={"dist": "uniform", "low": 0.0, "high": 1.0}),
-            InputSpec("A", "fp32", shape=_a_of, dist={"dist": "normal", "std": 0.1}),
-            InputSpec("g", "fp32", shape=_bth, dist={"dist": "uniform", "low": -3.0,
-                                                       "high": 0.0}, optional=True),
+            InputSpec("A", "fp32", shape=_a_of, dist={"dist": "chunk_tril", "std": 0.1}),
+            InputSpec("g", "fp32", shape=_bth, dist={**CHUNK_GATES, "chunk": "A.3"},
+                      optional=True),
             InputSpec("cu_seqlens", "int64", shape=lambda m: (2,), dist=NONE, optional=True)],
     params={},
     outputs=[OutputSpec("w"), OutputSpec("u")],

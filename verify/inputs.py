@@ -131,6 +131,12 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
             rows = out.reshape(-1, shape[-1])
             rows[np.arange(rows.shape[0]), rng.integers(0, shape[-1], rows.shape[0])] += \
                 float(dist.get("margin", 10.0))
+    elif kind == "chunk_cumsum":  # gates as chunk_local_cumsum leaves them: monotone
+        out = _chunk_cumsum(rng, shape, dist, params)
+    elif kind == "chunk_tril":  # solve_tril's output: unit lower triangular per chunk
+        out = _chunk_tril(rng, shape, dist)
+    elif kind == "doubly_stochastic":  # Sinkhorn's output: rows and columns sum to 1
+        out = _doubly_stochastic(rng, shape, dist)
     elif kind == "special":
         out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng, params)
         values = [_value(v, fdtype) for v in dist.get("values", ["nan", "inf", "-inf"])]
@@ -147,11 +153,63 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
     return out
 
 
+def _chunk_size(dist: Mapping, params: Mapping | None, default: int) -> int:
+    size = dist.get("chunk", "chunk_size")
+    if isinstance(size, str):  # a param of the case (chunk_size), else the default
+        size = (params or {}).get(size, default)
+    return max(1, int(size))
+
+
+def _chunk_cumsum(rng, shape, dist, params) -> np.ndarray:
+    """Per-token log decays in [low, high] (<= 0), summed within each chunk of the time
+    axis (axis 1 of [B, T, H]): g is non-increasing inside a chunk, as fla's
+    chunk_local_cumsum hands it to the chunked kernels, so exp(g_i - g_j) <= 1 for i >= j."""
+    step = rng.uniform(float(dist.get("low", -0.1)), float(dist.get("high", 0.0)), shape)
+    if len(shape) < 2 or not step.size:
+        return step
+    chunk = _chunk_size(dist, params, 64)
+    t = shape[1]
+    bounds = [int(b) for b in dist.get("_segments") or (0, t)]  # chunks restart per sequence
+    out = np.empty_like(step)
+    for seg_start, seg_end in zip(bounds[:-1], bounds[1:]):
+        for start in range(seg_start, seg_end, chunk):
+            end = min(start + chunk, seg_end)
+            out[:, start:end] = np.cumsum(step[:, start:end], axis=1)
+    return out
+
+
+def _chunk_tril(rng, shape, dist) -> np.ndarray:
+    """[B, T, H, BT]: row t holds row (t mod BT) of its chunk's matrix, unit lower
+    triangular (strict lower part normal with std ``std``), as solve_tril returns
+    (I + A)^-1."""
+    out = rng.normal(0.0, float(dist.get("std", 0.1)), shape)
+    if len(shape) != 4 or not out.size:
+        return out
+    bt = shape[-1]
+    i = (np.arange(shape[1]) % bt)[:, None]
+    j = np.arange(bt)[None, :]
+    keep = (j < i)[None, :, None, :]
+    diag = (j == i)[None, :, None, :]
+    return np.where(keep, out, 0.0) + np.where(diag, float(dist.get("diag", 1.0)), 0.0)
+
+
+def _doubly_stochastic(rng, shape, dist) -> np.ndarray:
+    """[..., N, N] non-negative matrices whose rows and columns sum to 1 (Sinkhorn
+    iterations on exp of normal logits, as mHC's h_res comes out of sinkhorn)."""
+    out = np.exp(rng.normal(0.0, float(dist.get("std", 1.0)), shape))
+    if len(shape) < 2 or not out.size:
+        return out
+    for _ in range(int(dist.get("iterations", 50))):
+        out = out / out.sum(axis=-1, keepdims=True)
+        out = out / out.sum(axis=-2, keepdims=True)
+    return out
+
+
 def resolve_dims(dist: Mapping, shapes: Mapping[str, tuple[int, ...]]) -> Mapping:
     """A bound written as '<input>.<axis>' (ids below the rows of an embedding table)
     becomes that input's size along that axis."""
     out = dict(dist)
-    for key in ("low", "high", "total"):
+    for key in ("low", "high", "total", "chunk"):
         v = out.get(key)
         if isinstance(v, str) and "." in v:
             other, axis = v.rsplit(".", 1)
@@ -187,6 +245,10 @@ def make_inputs(case, step: int = 0, names=None) -> dict[str, torch.Tensor | Non
                 case.input_shapes[name]).to(case.input_dtypes[name])
             continue
         dist = resolve_dims(case.dists[name], case.input_shapes)
+        seg = dist.get("segments")
+        if seg and case.dists.get(seg, {}).get("dist") not in (None, "none"):
+            offsets = out[seg] if seg in out else make_inputs(case, step, [seg])[seg]
+            dist = {**dist, "_segments": offsets.reshape(-1).tolist()}
         out[name] = make_input(name, dist, case.input_shapes[name],
                                case.input_dtypes[name], case.seed, step, case.params)
     return {n: out[n] for n in (names if names is not None else case.input_shapes)}
