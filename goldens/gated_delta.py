@@ -30,11 +30,13 @@ def check_cu_seqlens(op: str, batch: int, total: int, cu_seqlens) -> None:
 
 
 def segments(batch: int, total: int, cu_seqlens) -> list[tuple[int, int, int]]:
-    """(batch index, start, end) of every sequence: whole rows, or cu_seqlens' pieces."""
+    """(batch index, start, end) of every sequence: whole rows, or cu_seqlens' pieces. An
+    empty sequence (equal offsets) is a sequence too: it has no tokens and its own final
+    state (its initial one, zeros), as flash-linear-attention gives it."""
     if cu_seqlens is None:
         return [(b, 0, total) for b in range(batch)]
     offs = [int(v) for v in cu_seqlens.reshape(-1).tolist()]
-    return [(0, a, b) for a, b in zip(offs, offs[1:]) if b > a]
+    return [(0, a, b) for a, b in zip(offs, offs[1:])]
 
 
 def chunks(start: int, end: int, size: int) -> list[tuple[int, int]]:
@@ -371,4 +373,6 @@ def _recurrence(q, k, v, g, beta, state, scale):
         u = beta[:, t][..., None] * (vt - torch.einsum("bhk,bhkv->bhv", kt, state))
         state = state + kt[..., :, None] * u[..., None, :]
         outs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    if not outs:  # an empty sequence: no output rows, the state as it came
+        return v.new_zeros(v.shape[0], 0, v.shape[2], v.shape[3]), state
     return torch.stack(outs, 1), state

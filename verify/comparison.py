@@ -77,6 +77,11 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
     name = spec["name"]
     m, f = measure_pair(actual, golden, out_dtype, atol=spec.get("atol"),
                         rtol=spec.get("rtol"), floor=floor, scale=float(spec.get("scale", 1.0)))
+    if name == "exact":  # bitwise, never through allclose's tolerances
+        em = exact_metrics(actual, golden)
+        ok, reason = standards.judge("exact", em, out_dtype, spec)
+        return Verdict("PASS" if ok else "FAIL", "exact", reason, "", dt.name_of(out_dtype),
+                       m, f, standards.margin("exact", em, out_dtype, spec), float("nan"), spec)
     ok, reason = standards.judge(name, m, out_dtype, spec)
     warnings = []
     floor_margin = float("nan")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 _BY_NAME: dict[str, torch.dtype] = {
@@ -90,3 +91,28 @@ def traits(dtype: torch.dtype) -> FloatTraits:
         return FLOAT_TRAITS[dtype]
     except KeyError:
         raise KeyError(f"no precision constants for dtype {dtype}") from None
+
+
+# (significand bits with the implicit one, smallest normal exponent, largest finite value)
+_ROUNDING = {
+    torch.float16: (11, -14, 65504.0),
+    torch.bfloat16: (8, -126, float(torch.finfo(torch.bfloat16).max)),
+}
+
+
+def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 values rounded once, to nearest with ties to even, into ``dtype``:
+    subnormals, ties and overflow to inf as IEEE 754 says. torch converts float64 to
+    fp16 / bf16 through float32, which rounds twice and lands one ulp off now and then;
+    the error floor must be the correctly rounded golden."""
+    if dtype not in _ROUNDING or not x.dtype.is_floating_point:
+        return x.to(dtype)  # float32 / float64 targets: torch rounds once already
+    bits, emin, vmax = _ROUNDING[dtype]
+    v = x.detach().to("cpu", torch.float64).contiguous().numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        _, e = np.frexp(v)  # v = m * 2^e with 0.5 <= |m| < 1: the leading bit is 2^(e-1)
+        quantum = np.ldexp(1.0, np.maximum(e - 1, emin) - (bits - 1))
+        r = np.round(v / quantum) * quantum  # np.round: ties to even; scaling is exact
+        r = np.where(np.abs(r) > vmax, np.copysign(np.inf, v), r)
+        r = np.where(np.isnan(v), v, r)
+    return torch.from_numpy(r).to(dtype)  # exactly representable now: no second rounding

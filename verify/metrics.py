@@ -382,7 +382,7 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
             if b >= 0 and parts[b, slot] > best[key][0]:
                 best[key] = (parts[b, slot], start, b)
         if floor:
-            acc_f.append(_run_blocks(_host_view(g[start:stop].to(dtype)), g_np, c))
+            acc_f.append(_run_blocks(_host_view(dt.round_once(g[start:stop], dtype)), g_np, c))
     empty = np.empty((0, N_SLOTS))
     combined = _combine(np.concatenate(acc_a) if acc_a else empty)
     for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
@@ -415,12 +415,22 @@ def measure(actual: torch.Tensor, golden: torch.Tensor, **kw) -> Metrics:
 
 
 def exact_metrics(actual: torch.Tensor, golden: torch.Tensor) -> Metrics:
-    """Integer / bool outputs: exact comparison, reported in the same fields."""
-    a = actual.detach().cpu().reshape(-1).to(torch.float64)
-    g = golden.detach().cpu().reshape(-1).to(torch.float64)
-    d = (a - g).abs()
+    """Exact comparison, reported in the same fields (``allclose_mismatch`` counts the
+    elements that differ). Integers and bools compare as int64, never through a float (2^53
+    + 1 differs from 2^53); floats compare by value in float64, which holds every float
+    dtype exactly: NaN matches NaN, -0 equals +0 (IEEE equality)."""
+    a = actual.detach().cpu().reshape(-1)
+    g = golden.detach().cpu().reshape(-1)
+    if not a.dtype.is_floating_point and not g.dtype.is_floating_point:
+        a64, g64 = a.to(torch.int64), g.to(torch.int64)
+        differ = a64 != g64
+        d = torch.where(differ, (a64 - g64).abs().to(torch.float64), 0.0)
+    else:
+        a64, g64 = a.to(torch.float64), g.to(torch.float64)
+        differ = (a64 != g64) & ~(a64.isnan() & g64.isnan())
+        d = torch.where(differ, (a64 - g64).abs().nan_to_num(nan=math.inf), 0.0)
     n = a.numel()
-    wrong = int((d != 0).sum())
+    wrong = int(differ.sum())
     max_abs = float(d.max()) if n else 0.0
     arg = int(d.argmax()) if n else -1
     ratio = 1.0 - wrong / n if n else 1.0

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from . import dtypes as dt
 import torch.nn.functional as F
 
 BIN_LO, BIN_HI, BINS_PER_DECADE = -12, 3, 4
@@ -45,7 +47,7 @@ def histogram(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) ->
         zero = under = over = 0
         for start in range(0, g.numel(), CHUNK):
             gc = g[start:start + CHUNK]
-            ac = source[start:start + CHUNK] if source is not None else gc.to(dtype)
+            ac = source[start:start + CHUNK] if source is not None else dt.round_once(gc, dtype)
             lg = torch.log10(_error(ac, gc))
             zero += int(torch.isneginf(lg).sum())
             finite = lg[torch.isfinite(lg)]

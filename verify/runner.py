@@ -456,7 +456,7 @@ class Alternatives:
                 if name not in self.golden:
                     continue
                 dtype = self.spec.output_dtype(name, self.case.dtype, self.case.params)
-                rounded = self.golden[name].to(dtype).to(torch.float64)
+                rounded = dt.round_once(self.golden[name], dtype).to(torch.float64)
                 ins = {k: None if v is None else v.to(torch.float64)
                        for k, v in self.inputs.items()}
                 traj = golden_source.golden_trajectory(self.spec, self.case, remap(ins, rounded))

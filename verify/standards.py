@@ -138,7 +138,8 @@ def cosine(m: Metrics, dtype, spec):
 
 @standard("exact")
 def exact(m: Metrics, dtype, spec):
-    """Bitwise-equal values (integer and index outputs)."""
+    """Equal values: integers as integers; floats bitwise up to the sign of zero (NaN
+    matches NaN). ``m`` comes from metrics.exact_metrics."""
     if m.allclose_mismatch > 0:
         return False, f"{m.allclose_mismatch}/{m.n} elements differ (max abs {_g(m.max_abs)})"
     return True, "all elements equal"

@@ -1,0 +1,123 @@
+"""`exact` means equal (bitwise for floats, integer equality for integers), and the error
+floor is the float64 golden rounded once into the output dtype, checked against exact
+rational arithmetic (fractions) on random and edge values."""
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+import verify
+from verify.dtypes import round_once
+
+FORMATS = {torch.float16: (11, -14, 65504.0), torch.bfloat16: (8, -126, 3.3895313892515355e38)}
+
+
+def rational_round(x: float, dtype) -> float:
+    """Round-to-nearest-even of the exact value of x into (bits, emin, max), by hand."""
+    bits, emin, vmax = FORMATS[dtype]
+    if math.isnan(x) or math.isinf(x):
+        return x
+    if x == 0:
+        return x
+    a = abs(Fraction(x))
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** e > a:
+        e -= 1
+    quantum = Fraction(2) ** (max(e, emin) - bits + 1)
+    q = a / quantum
+    n = q.numerator // q.denominator
+    rest = q - n
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2):
+        n += 1
+    r = n * quantum
+    if r > Fraction(vmax):
+        return math.copysign(math.inf, x)
+    return math.copysign(float(r), x)
+
+
+def _edge_values(dtype) -> list[float]:
+    bits, emin, vmax = FORMATS[dtype]
+    ulp1 = 2.0 ** (1 - bits)
+    tiny = 2.0 ** emin
+    sub = 2.0 ** (emin - bits + 1)
+    vals = [1 + ulp1 / 2, 1 + 3 * ulp1 / 2, 1 + ulp1 / 2 + 2 ** -40, 1 - ulp1 / 4,
+            tiny, tiny * (1 - 2 ** -30), sub / 2, sub * 1.5, sub / 2 + 2 ** -200, sub * 0.49,
+            vmax, vmax * (1 + ulp1 / 4), vmax * (1 + ulp1 / 2), vmax * 2, 5e-324, 1e308]
+    return vals + [-v for v in vals]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_the_floor_rounds_once_like_exact_arithmetic(dtype):
+    rng = np.random.default_rng(12)
+    bits, emin, _ = FORMATS[dtype]
+    # random significands across every binade of the format, subnormals and overflow
+    # included, and values that are ties or just off ties at the format's precision
+    exps = rng.integers(emin - bits - 2, 17 if dtype == torch.float16 else 128, 20000)
+    randoms = rng.uniform(1, 2, 20000) * np.exp2(exps) * np.where(rng.random(20000) < .5, -1, 1)
+    ties = (rng.integers(1 << bits, 1 << (bits + 1), 5000) + 0.5) * np.exp2(
+        rng.integers(-10, 10, 5000) - bits)
+    values = np.concatenate([randoms, ties, _edge_values(dtype)])
+    got = round_once(torch.from_numpy(values), dtype).double().tolist()
+    want = [rational_round(float(v), dtype) for v in values]
+    wrong = [(v, g, w) for v, g, w in zip(values, got, want)
+             if not (g == w and math.copysign(1, g) == math.copysign(1, w))]
+    assert not wrong, wrong[:5]
+    # torch's own conversion goes through float32 and rounds twice: the reason this exists
+    via_torch = torch.from_numpy(values).to(dtype).double().tolist()
+    if dtype == torch.float16:
+        assert sum(a != b for a, b in zip(via_torch, want)) > 0
+
+
+def test_exact_on_floats_is_exact():
+    g = torch.tensor([1.0], dtype=torch.float64)
+    for actual in (torch.tensor([1 + 2 ** -10], dtype=torch.float16),
+                   torch.tensor([1 + 2 ** -23], dtype=torch.float32),
+                   torch.tensor([1 + 2 ** -7], dtype=torch.bfloat16)):
+        v = verify.compare(actual, g, standard="exact")
+        assert v.verdict == "FAIL" and "1/1 elements differ" in v.reason
+    same = verify.compare(torch.tensor([float("nan"), -0.0, 2.5], dtype=torch.float16),
+                          torch.tensor([float("nan"), 0.0, 2.5], dtype=torch.float64),
+                          standard="exact")
+    assert same.verdict == "PASS"
+    nan_vs_number = verify.compare(torch.tensor([float("nan")]), torch.tensor([1.0]),
+                                   standard="exact")
+    assert nan_vs_number.verdict == "FAIL"
+
+
+def test_exact_on_integers_never_goes_through_a_float():
+    assert verify.compare(torch.tensor([2 ** 53 + 1]), torch.tensor([2 ** 53])).verdict == "FAIL"
+    assert verify.compare(torch.tensor([2 ** 62 + 1]), torch.tensor([2 ** 62 + 1])).verdict \
+        == "PASS"
+    assert verify.compare(torch.tensor([True, False]), torch.tensor([True, True])).verdict \
+        == "FAIL"
+
+
+def _recurrence(q, k, v, g, beta, scale):
+    """An independent float64 NumPy gated delta rule for one sequence [T, K] / [T, V]."""
+    state = np.zeros((k.shape[-1], v.shape[-1]))
+    out = []
+    for t in range(q.shape[0]):
+        state = state * np.exp(g[t])
+        u = beta[t] * (v[t] - k[t] @ state)
+        state = state + np.outer(k[t], u)
+        out.append(scale * q[t] @ state)
+    return np.array(out).reshape(-1, v.shape[-1]), state
+
+
+def test_an_empty_sequence_keeps_its_own_final_state():
+    rng = np.random.default_rng(3)
+    t, kd, vd = 9, 4, 3
+    q, k = rng.normal(0, .3, (t, kd)), rng.normal(0, .3, (t, kd))
+    v, g, beta = rng.normal(size=(t, vd)), -rng.uniform(0, .2, t), rng.uniform(0, 1, t)
+    offsets = [0, 0, 4, 4, 9]
+    as_t = lambda a: torch.from_numpy(a)[None, :, None]  # noqa: E731  [1, T, H=1, ...]
+    o, final = verify.op("chunk_gated_delta_rule").golden(
+        q=as_t(q), k=as_t(k), v=as_t(v), g=as_t(g), beta=as_t(beta), initial_state=None,
+        cu_seqlens=torch.tensor(offsets))
+    assert tuple(final.shape) == (4, 1, kd, vd)
+    for i, (a, b) in enumerate(zip(offsets, offsets[1:])):
+        want_o, want_s = _recurrence(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], kd ** -0.5)
+        np.testing.assert_allclose(final[i, 0].numpy(), want_s, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(o[0, a:b, 0].numpy(), want_o, rtol=1e-12, atol=1e-14)
