@@ -121,3 +121,43 @@ def test_an_empty_sequence_keeps_its_own_final_state():
         want_o, want_s = _recurrence(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], kd ** -0.5)
         np.testing.assert_allclose(final[i, 0].numpy(), want_s, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(o[0, a:b, 0].numpy(), want_o, rtol=1e-12, atol=1e-14)
+
+
+def _data_kinds(dtype, rng, n=4096):
+    info = torch.finfo(dtype)
+    signs = np.where(rng.random(n) < .5, -1.0, 1.0)
+    return {
+        "random": rng.normal(0, 1, n),
+        "small": rng.normal(0, 1, n) * 2 ** -14,
+        "subnormal": rng.uniform(-1, 1, n) * info.tiny,
+        "huge": rng.uniform(0.25, 0.5, n) * info.max * signs,
+        "mixed": np.concatenate([rng.normal(0, 1, n // 4), rng.normal(0, 1, n // 4) * 2 ** -14,
+                                 rng.uniform(-1, 1, n // 4) * info.tiny,
+                                 rng.normal(0, 1e3, n // 4)]),
+    }
+
+
+def test_the_correctly_rounded_golden_passes_every_standard_or_says_why():
+    from verify import standards
+    rng = np.random.default_rng(1)
+    tried, silent = 0, []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for kind, values in _data_kinds(dtype, rng).items():
+            g = torch.from_numpy(values)
+            a = round_once(g, dtype)
+            for name in sorted(set(standards.STANDARDS) - {"exact"}):
+                tried += 1
+                v = verify.compare(a, g, dtype=dtype, standard=name)
+                if v.verdict != "PASS" and "cannot be met even by the correctly rounded" \
+                        not in v.warning:
+                    silent.append((str(dtype), kind, name, v.reason))
+    assert tried >= 135 and not silent, silent
+
+
+def test_correctly_rounded_bf16_small_values_pass_the_thousandth_family():
+    g = torch.tensor([2 ** -12 * 1.3, 2 ** -11 * 1.77, -2 ** -13 * 1.1, 2 ** -10] * 32,
+                     dtype=torch.float64)
+    a = round_once(g, torch.bfloat16)
+    for name in ("hundredth", "thousandth", "ten_thousandth"):
+        v = verify.compare(a, g, standard=name)
+        assert v.verdict == "PASS" and not v.warning, (name, v.reason, v.warning)

@@ -48,7 +48,7 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 
 # constants slots
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
- C_ATOL, C_RTOL, C_ABS_RTOL, N_CONSTS) = range(12)
+ C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, N_CONSTS) = range(13)
 
 _F64_EXP = np.int64(0x7FF0000000000000)
 _F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
@@ -87,7 +87,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
     mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
     v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
-    abs_rtol = c[C_ABS_RTOL]
+    abs_rtol, thou_atol = c[C_ABS_RTOL], c[C_THOU_ATOL]
     n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
     n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
     ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
@@ -148,9 +148,10 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
         n_small_bad += sm * (1.0 - within_atol)
         denom = ag + eps_ms
         big = f - sm
-        ok2 += sm * within_atol + big * (1.0 if d < 1e-2 * denom else 0.0)
-        ok3 += sm * within_atol + big * (1.0 if d < 1e-3 * denom else 0.0)
-        ok4 += sm * within_atol + big * (1.0 if d < 1e-4 * denom else 0.0)
+        within_thou = 1.0 if d <= thou_atol else 0.0
+        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
+        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
+        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
         n_rel_bad += big * (1.0 if d > abs_rtol * denom else 0.0)
         n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
         allowed = atol + rtol * ag
@@ -340,7 +341,17 @@ def _constants(dtype: torch.dtype, atol: float, rtol: float, scale: float = 1.0)
     c[C_ATOL] = atol
     c[C_RTOL] = rtol
     c[C_ABS_RTOL] = t.abs_threshold_rtol
+    c[C_THOU_ATOL] = thousandth_small_atol(dtype)
     return c
+
+
+def thousandth_small_atol(dtype: torch.dtype) -> float:
+    """Small values' atol in the hundredth / thousandth / ten-thousandth ratios (our own
+    family): msprobe's small-value atol, but never below half an ulp at the small-value
+    bound, so a correctly rounded small value always counts as right (bf16: 1e-16 would
+    fail every inexact one; 2^-18 is the most a correct rounding moves a value <= 2^-10)."""
+    t = dt.traits(dtype)
+    return max(t.small_value_atol, t.small_value * 2.0 ** -(t.mantissa_bits + 1))
 
 
 def _host_view(chunk: torch.Tensor) -> np.ndarray:
