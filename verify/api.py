@@ -67,15 +67,19 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         cases: str | None = None, kernels: Sequence[str] = (),
         reports: str | Path | None | bool = None, run_id: str | None = None,
         store: str | None = None, registry: str | None = None,
-        registry_required: bool = False, time: int = 0) -> RunResult:
+        registry_required: bool = False, time: int = 0,
+        benchmark_backend: str | None = None) -> RunResult:
     """Run the selection and return its rows; ``reports=False`` writes no files.
     Goldens come from ``store`` (default VERIFY_STORE or .verify-store), then ``registry``,
-    then are computed. ``time=N`` records each kernel's median wall time over N calls."""
+    then are computed. ``time=N`` records each kernel's median wall time over N calls.
+    ``benchmark_backend``: also judge each kernel against that backend's kernel of the
+    op on the same inputs (msprobe's benchmark standard), in rows of their own."""
     plan = selection.build(selection.Selection(
         level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
         kernel_modules=list(kernels)))
     golden_source.configure(store, registry, registry_required)
     runner.TIMING["repeats"] = time
+    runner.BENCHMARK["backend"] = selection.check_benchmark_backend(benchmark_backend)
     rows: list[dict] = []
     with _progress(len(plan.items)) as advance:
         for case, kern in plan.items:

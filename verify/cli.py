@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                           "per op and kernel, then the rows that did not pass)")
     run.add_argument("--time", type=int, nargs="?", const=5, default=0, metavar="N",
                      help="also record each kernel's median wall time over N calls (5)")
+    run.add_argument("--benchmark-backend", default=None, metavar="B",
+                     help="also judge each kernel against backend B's kernel of the op on the "
+                          "same inputs (msprobe's benchmark standard), in rows of their own")
     run.add_argument("--progress-every", type=float, default=10.0,
                      help="seconds between progress lines (cases done and left, op, elapsed)")
     _add_store(run, registry_too=True)
@@ -132,7 +135,8 @@ def _pytest_args(a) -> list[str]:
         args += [f"{flag}={v}" for v in values]
     for flag, value in (("--cases", a.cases), ("--reports", a.reports),
                         ("--run-id", a.run_id), ("--store", a.store),
-                        ("--registry", a.registry)):
+                        ("--registry", a.registry),
+                        ("--benchmark-backend", a.benchmark_backend)):
         if value:
             args.append(f"{flag}={value}")
     if a.keyword:
@@ -157,6 +161,7 @@ def cmd_run(a) -> int:
                               dtypes=a.dtype or None, backends=a.backend or None,
                               kernel_modules=a.kernels)
     selection.build(sel)  # usage errors surface here with exit 2
+    selection.check_benchmark_backend(a.benchmark_backend)
     # the plugin sets up the golden store and registry; its usage errors map to 2 below
     code = int(pytest.main(_pytest_args(a)))
     if code in (0, 1):

@@ -6,13 +6,15 @@ carries a warning: the standard cannot be met by the correctly rounded result.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
 from . import dtypes as dt
 from . import standards
 from .errors import ConfigError
+from . import benchmark as bm
 from .metrics import Metrics, exact_metrics, measure_pair
 
 
@@ -28,6 +30,7 @@ class Verdict:
     margin: float = float("nan")        # deciding metric / threshold (>= 1 fails)
     floor_margin: float = float("nan")  # the same for the correctly rounded golden
     spec: dict | None = None            # the standard with its params
+    extra: dict = field(default_factory=dict)  # the benchmark standard's figures
 
     @property
     def passed(self) -> bool:
@@ -57,12 +60,23 @@ def resolve_standard(spec, output: str | None = None) -> dict:
 
 
 def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=None,
-            output: str | None = None, floor: bool = True) -> Verdict:
+            output: str | None = None, floor: bool = True,
+            benchmark: torch.Tensor | None = None) -> Verdict:
     """Judge ``actual`` against the float64 ``golden``.
+
+    standard="benchmark" (msprobe's benchmark standard) judges ``actual`` by the ratios of
+    its error metrics to those of ``benchmark``, another kernel's output on the same inputs.
 
     dtype: the output dtype whose constants apply (default: actual's dtype).
     standard: a name ('cann_v1', 'allclose', ...) or a dict with params.
     """
+    if standard == "benchmark" or (isinstance(standard, dict)
+                                   and standard.get("name") == "benchmark"):
+        if benchmark is None:
+            raise ConfigError("standard 'benchmark' needs benchmark=<the benchmark kernel's "
+                              "output on the same inputs>")
+        return compare_benchmark(actual, golden, benchmark,
+                                 dt.to_torch(dtype) if dtype is not None else actual.dtype)
     spec = resolve_standard(standard, output)
     out_dtype = dt.to_torch(dtype) if dtype is not None else actual.dtype
     if tuple(actual.shape) != tuple(golden.shape):
@@ -97,6 +111,25 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
     warning = " | ".join(warnings)
     return Verdict("PASS" if ok else "FAIL", name, reason, warning, dt.name_of(out_dtype),
                    m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec)
+
+
+def compare_benchmark(actual: torch.Tensor, golden: torch.Tensor, bench: torch.Tensor,
+                      out_dtype: torch.dtype) -> Verdict:
+    """msprobe's benchmark standard (verify/benchmark.py): FAIL when the kernel's error
+    metrics exceed the benchmark kernel's by more than msprobe's ratio thresholds."""
+    if tuple(bench.shape) != tuple(golden.shape):
+        raise ValueError(f"the benchmark's shape {tuple(bench.shape)} differs from the "
+                         f"golden's {tuple(golden.shape)}")
+    m, f = measure_pair(actual, golden, out_dtype)
+    mine = bm.metrics(actual, golden, out_dtype)
+    theirs = bm.metrics(bench, golden, out_dtype)
+    ok, reason, ratios = bm.judge(mine, theirs, out_dtype)
+    finite = [ratios[k] / bm.THRESHOLDS[k] for k in bm.DECIDING if not math.isnan(ratios[k])]
+    extra = {**{f"ms_{k}": v for k, v in mine.items()},
+             **{f"bench_{k}": v for k, v in theirs.items()},
+             **{f"ratio_{k}": v for k, v in ratios.items()}}
+    return Verdict("PASS" if ok else "FAIL", "benchmark", reason, "", dt.name_of(out_dtype),
+                   m, f, max(finite, default=0.0), float("nan"), {"name": "benchmark"}, extra)
 
 
 BIAS_MIN_ELEMENTS = 64

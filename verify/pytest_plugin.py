@@ -42,6 +42,9 @@ def pytest_addoption(parser):
                 help="a usage error when the registry cannot be reached")
     g.addoption("--time", dest="verify_time", type=int, nargs="?", const=5, default=0,
                 help="also record each kernel's median wall time over N calls (default 5)")
+    g.addoption("--benchmark-backend", default=None,
+                help="also judge each kernel against this backend's kernel of the op on the "
+                     "same inputs (msprobe's benchmark standard), in rows of their own")
     g.addoption("--progress-every", type=float, default=10.0,
                 help="seconds between progress lines (cases done and left, op, elapsed); "
                      "0: none")
@@ -75,6 +78,8 @@ def pytest_configure(config):
         kernel_modules=config.getoption("--kernels"))
     try:
         config._verify_plan = selection.build(sel)
+        runner.BENCHMARK["backend"] = selection.check_benchmark_backend(
+            config.getoption("--benchmark-backend"))
         golden_source.configure(config.getoption("--store"), config.getoption("--registry"),
                                 config.getoption("--registry-required"))
     except ConfigError as exc:

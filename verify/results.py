@@ -33,7 +33,12 @@ COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "o
               # backward verification (appended: earlier columns keep their positions)
               "mode", "reduction_n", "tol_scale", "backward_s",
               # legitimate variants (appended): the golden a row passed against
-              "golden_variant"])
+              "golden_variant",
+              # msprobe's benchmark standard (appended): the benchmark kernel, msprobe's
+              # metrics of this kernel and of the benchmark, and their ratios
+              "benchmark"]
+           + [f"{p}_{m}" for p in ("ms", "bench", "ratio")
+              for m in ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb")])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 

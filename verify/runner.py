@@ -210,6 +210,57 @@ def _kernel_grads(spec, case, kern, device, first_inputs, graph, upstream) -> di
 
 
 TIMING = {"repeats": 0}  # --time: kernel calls timed per case (0: no timing)
+BENCHMARK = {"backend": None}  # --benchmark-backend: msprobe's benchmark standard
+_BENCH_CACHE: dict = {}  # the benchmark kernel's outputs of the case run last
+
+
+def _benchmark_outputs(spec, case, first_inputs):
+    """(benchmark kernel, its last-step outputs) for this case, run once per case."""
+    key = (case.file, case.level, case.id)
+    if key not in _BENCH_CACHE:
+        _BENCH_CACHE.clear()
+        kerns = registry.kernels(case.op, [BENCHMARK["backend"]])
+        if not kerns:
+            _BENCH_CACHE[key] = (None, None)
+        else:
+            bench = registry.backend(kerns[0].backend)
+            steps, _, _ = _kernel_trajectory(spec, case, kerns[0], bench.device, first_inputs)
+            _BENCH_CACHE[key] = (kerns[0], steps[-1])
+    return _BENCH_CACHE[key]
+
+
+def _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps, golden,
+                    k_seconds) -> list[dict]:
+    """One row per floating output: the kernel judged against the benchmark backend's
+    kernel on the same inputs (verify/benchmark.py), beside the op's own standard."""
+    label = BENCHMARK["backend"]
+    try:
+        bench_kern, bench_out = _benchmark_outputs(spec, case, first_inputs)
+    except Exception as exc:
+        return [_row(base, output=f"vs {label}", standard="benchmark", verdict="ERROR",
+                     reason=f"benchmark kernel raised {_error_text(exc)}")]
+    if bench_kern is None:
+        return []
+    rows = []
+    for out_name in spec.active_outputs(case.params):
+        out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
+        if not out_dtype.is_floating_point or spec.output(out_name).compare != "values":
+            continue
+        row = _row(base, output=f"{out_name} vs {label}", out_dtype=dt.name_of(out_dtype),
+                   golden_source=golden.source, golden_s=round(golden.seconds, 6),
+                   kernel_s=round(k_seconds, 6),
+                   benchmark=f"{bench_kern.backend}:{bench_kern.name}")
+        try:
+            v = compare(k_steps[-1][out_name], g_steps[-1][out_name], dtype=out_dtype,
+                        standard="benchmark", benchmark=bench_out[out_name])
+        except Exception as exc:
+            rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
+            continue
+        row.update(verdict=v.verdict, standard="benchmark", reason=v.reason, margin=v.margin)
+        row.update(v.metrics.as_dict())
+        row.update(v.extra)
+        rows.append(row)
+    return rows
 _NOTES: dict = {}
 
 
@@ -361,6 +412,9 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
                                       g_steps, last_inputs, alt))
         except Exception as exc:
             rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
+    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"] and case.forward:
+        rows += _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps,
+                                golden, k_seconds)
     for view in case.views:
         out_name = view["output"]
         if out_name not in names or out_name not in k_steps[-1]:

@@ -157,6 +157,18 @@ def build(sel: Selection) -> Plan:
     return Plan(items=items, cases=cases, backends=backends)
 
 
+def check_benchmark_backend(name: str | None) -> str | None:
+    """--benchmark-backend: a known backend that can run here (exit 2 otherwise)."""
+    if not name:
+        return None
+    b = registry.backend(name)  # unknown -> ConfigError
+    registry.load_backends([name])
+    ok, why = registry.backend(name).available()
+    if not ok:
+        raise ConfigError(f"--benchmark-backend {b.name} is not available here: {why}")
+    return name
+
+
 def unavailable_backends() -> list[str]:
     """'name: why' for each default backend that cannot run here (its rows are not made;
     the summary says so once)."""
