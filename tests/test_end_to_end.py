@@ -98,7 +98,7 @@ def test_cli_run_writes_reports_and_exits_0(tmp_path):
     out = run_cli("run", "--level", "L0", "--op", "sgd_momentum", "--dtype", "fp32",
                   "--reports", tmp_path, "--run-id", "r1")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "precision verdicts" in out.stdout and "PASS" in out.stdout
+    assert "verdicts per op and kernel" in out.stdout and "PASS" in out.stdout
     df = pd.read_csv(tmp_path / "r1" / "results.csv")
     assert set(REQUIRED_COLUMNS) <= set(df.columns)
     assert set(df["verdict"]) == {"PASS"} and set(df["dtype"]) == {"fp32"}

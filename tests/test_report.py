@@ -101,26 +101,33 @@ def test_report_rebuilds_from_results_json(run_dir, tmp_path):
     assert run_cli("report", tmp_path / "nope").returncode == 2
 
 
-PLANTED = textwrap.dedent('''
+KERNEL_VERSION = textwrap.dedent('''
     import verify
     from verify.kernels.torch import optimizers as good
 
-    @verify.kernel("apply_rms_prop", backend="torch")
+    PLANTED = {planted}
+
+    @verify.kernel("apply_rms_prop", backend="regress")
     def apply_rms_prop(var, ms, mom, grad, **p):
         var_new, ms_new, mom_new = good.apply_rms_prop(var, ms, mom, grad, **p)
-        if var.shape == (1, 1):
+        if PLANTED and var.shape == (1, 1):
             var_new = var_new + 1.0                   # a new failure
-        return var_new * (1 + 4e-7), ms_new, mom_new  # worse, still within tolerance
+        if PLANTED:
+            var_new = var_new * (1 + 4e-7)            # worse, still within tolerance
+        return var_new, ms_new, mom_new
 ''')
 
 
 def test_diff_finds_a_planted_regression(tmp_path):
+    """Two versions of one user kernel, run one after the other (a user's own kernel
+    cannot silently replace a built-in one: that is a duplicate registration)."""
     base = tmp_path / "runs"
-    verify.run(level="L0", ops=["apply_rms_prop"], reports=str(base), run_id="before")
     env = {"PYTHONPATH": str(REPO)}
-    (tmp_path / "planted.py").write_text(PLANTED)
-    out = run_cli("run", "--op", "apply_rms_prop", "--kernels", tmp_path / "planted.py",
-                  "--reports", base, "--run-id", "after", env=env)
+    for run_id, planted in (("before", False), ("after", True)):
+        path = tmp_path / f"{run_id}.py"
+        path.write_text(KERNEL_VERSION.format(planted=planted))
+        out = run_cli("run", "--op", "apply_rms_prop", "--kernels", path, "--backend",
+                      "regress", "--reports", base, "--run-id", run_id, env=env)
     assert out.returncode == 1
     same = run_cli("diff", base / "before", base / "before")
     assert same.returncode == 0 and "no regression" in same.stdout
@@ -150,8 +157,8 @@ def test_two_thousand_rows_stay_under_20_mb(run_dir):
 
 def test_progress_lines_under_xdist(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
-                          "--level", "L0", "--op", "lion", "--progress-every", "0.0001",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+                          "verify", "-n", "2", "--level", "L0", "--op", "lion", "--progress-every", "0.0001",
                           "--reports", str(tmp_path)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:]

@@ -188,7 +188,11 @@ def cmd_ops(a) -> int:
 
 
 def cmd_serve(a) -> int:
-    from .service import serve
+    try:
+        from .service import serve
+    except ImportError as exc:
+        raise ConfigError(f"verify serve needs the registry extra ({exc.name} is missing): "
+                          f"pip install 'kernel-verify[registry]'") from None
     from .store import default_store_dir
 
     serve(a.store or default_store_dir(create=True), host=a.host, port=a.port, token=a.token,

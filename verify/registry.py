@@ -69,9 +69,22 @@ def _rule_text(fn) -> str:
     if doc:
         return doc.split("\n")[0]
     try:
-        return " ".join(inspect.getsource(fn).split())
+        source = inspect.getsource(fn)
     except (OSError, TypeError):
         return getattr(fn, "__name__", "a rule")
+    if getattr(fn, "__name__", "") == "<lambda>":  # just the lambda, not its whole line
+        import ast
+        import textwrap
+        text = textwrap.dedent(source).strip()
+        for candidate in (text, text.rstrip(",)]}"), "(" + text.rstrip(",") + ")"):
+            try:
+                tree = ast.parse(candidate)
+            except SyntaxError:
+                continue
+            found = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda)]
+            if len(found) == 1:
+                return ast.get_source_segment(candidate, found[0])
+    return " ".join(source.split())
 
 
 @dataclass(frozen=True)
@@ -625,7 +638,11 @@ def backends() -> dict[str, Backend]:
 
 
 def backend(name: str) -> Backend:
+    """A backend by name; an optional built-in one is imported here on first use (when
+    its package is installed)."""
     load_builtin()
+    if name in _BACKENDS and _BACKENDS[name].module:
+        load_backends([name])
     try:
         return _BACKENDS[name]
     except KeyError:

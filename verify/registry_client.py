@@ -8,9 +8,20 @@ from __future__ import annotations
 import json
 import os
 
-import httpx
-
+from .errors import ConfigError
 from .store import GoldenStore
+
+REGISTRY_EXTRA = "pip install 'kernel-verify[registry]'"
+
+
+def _httpx():
+    """httpx, installed with the registry extra (it is not imported otherwise: its anyio
+    would load a pytest plugin into every pytest run of the environment)."""
+    try:
+        import httpx
+    except ImportError:
+        raise ConfigError(f"the golden registry client needs httpx: {REGISTRY_EXTRA}") from None
+    return httpx
 
 HASH_HEADER = "X-Content-BLAKE3"
 META_HEADER = "X-Golden-Meta"
@@ -25,15 +36,17 @@ class RegistryClient:
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0):
         self.url = url.rstrip("/")
         self.token = token if token is not None else os.environ.get("VERIFY_REGISTRY_TOKEN")
+        httpx = _httpx()
+        self._http_error = httpx.HTTPError
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
 
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kw) -> httpx.Response:
+    def _call(self, method: str, path: str, **kw):
         try:
             resp = self._http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
+        except self._http_error as exc:
             raise RegistryUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 500:
             raise RegistryUnavailable(f"{self.url}{path}: HTTP {resp.status_code}")
@@ -60,7 +73,7 @@ class RegistryClient:
                 meta = json.loads(resp.headers.get(META_HEADER, "{}"))
                 store.put_stream(key, resp.iter_bytes(CHUNK), resp.headers[HASH_HEADER], meta)
                 return True
-        except httpx.HTTPError as exc:
+        except self._http_error as exc:
             raise RegistryUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
 
     def push(self, key: str, store: GoldenStore) -> int:

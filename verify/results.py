@@ -356,8 +356,7 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
             mt.add_row(m["op"], m["kernel"],
                        "[green]caught[/]" if m["caught"] else "[bold red]MISSED[/]",
                        str(m["failing"]), m["first"])
-        if verbose or not all(m["caught"] for m in mutants):
-            console.print(mt)
+        console.print(mt)
     c = counts(rows)
     line = ", ".join(f"{k} {c[k]}" for k in VERDICTS)
     if mutants:
