@@ -85,6 +85,7 @@ def pytest_configure(config):
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._verify_rows = []
+    config._verify_by_name = {item_name(c, k): (c, k) for c, k in config._verify_plan.items}
     if not hasattr(config, "workerinput"):
         _PROGRESS[:] = [_Progress(config)]
         config._verify_run_id = config.getoption("--run-id") or results.new_run_id()
@@ -204,12 +205,52 @@ def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         if _PROGRESS:
             _PROGRESS[0].item_done(report.nodeid)
+    got_rows = False
     for key, value in getattr(report, "user_properties", ()):
         if key == _ROWS_KEY and report.when == "call":
             _ROWS.extend(value)
+            got_rows = True
+    if report.failed and not got_rows:  # a crash, an exit, a failing setup: keep the cause
+        text = str(getattr(report, "longreprtext", "") or report.longrepr or "").strip()
+        _FAULTS.setdefault(report.nodeid, text.splitlines()[-1][:500] if text else "")
+
+
+def pytest_collection_finish(session):
+    """The plan, as selected (after -k and deselection): each item must end as rows."""
+    if _active(session.config):
+        _PLANNED.update({item.nodeid: (item.case, item.kern) for item in session.items
+                         if isinstance(item, CaseItem)})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under xdist the controller learns the plan from the workers' collections."""
+    by_name = getattr(node.config, "_verify_by_name", None)
+    if by_name is None:
+        return
+    for nodeid in ids:
+        pair = by_name.get(nodeid.rsplit("::", 1)[-1])
+        if pair is not None:
+            _PLANNED[nodeid] = pair
+
+
+def _vanished(rows: list[dict]) -> list[dict]:
+    """An ERROR row for every planned item that produced no rows: a worker that crashed
+    (segfault, os._exit, OOM kill), an item interrupted, a kernel that ended its process.
+    Nothing planned disappears from the counts, the exit status or the reports."""
+    seen = {(r["op"], r["level"], r["case_id"], r["backend"], r["kernel"]) for r in rows}
+    out = []
+    for nodeid, (case, kern) in sorted(_PLANNED.items()):
+        if (case.op, case.level, case.id, kern.backend, kern.name) in seen:
+            continue
+        cause = _FAULTS.get(nodeid) or "the item did not report (interrupted?)"
+        out.append(runner.vanished_row(case, kern, f"no result: {cause}"))
+    return out
 
 
 _ROWS: list[dict] = []
+_PLANNED: dict = {}  # nodeid -> (case, kernel) of every selected item
+_FAULTS: dict[str, str] = {}  # nodeid -> why an item failed without rows
 _PROGRESS: list[_Progress] = []  # the controller's, made in pytest_configure below
 
 
@@ -218,7 +259,10 @@ def pytest_sessionfinish(session, exitstatus):
     if not _active(config) or hasattr(config, "workerinput"):
         return
     rows = list(_ROWS)
+    rows += _vanished(rows)
     _ROWS.clear()
+    _PLANNED.clear()
+    _FAULTS.clear()
     _PROGRESS.clear()
     config._verify_rows = rows
     if not rows:

@@ -614,6 +614,9 @@ def load_user_module(spec: str) -> None:
         raise
     except ModuleNotFoundError as exc:
         raise ConfigError(f"--kernels {spec}: cannot import: {exc}") from exc
+    except SystemExit as exc:  # sys.exit() at import: the run must not end "successfully"
+        raise ConfigError(f"--kernels {spec}: importing it called sys.exit({exc.code!r})") \
+            from None
     except Exception as exc:  # the user's module raised while importing
         raise ConfigError(f"--kernels {spec}: importing it raised "
                           f"{type(exc).__name__}: {exc}") from exc

@@ -52,6 +52,12 @@ def _row(base: dict, **kw) -> dict:
     return row
 
 
+def vanished_row(case: Case, kern: registry.Kernel, reason: str) -> dict:
+    """The ERROR row of a planned item that produced none (its process died, say)."""
+    return _row(_base_row(case, kern, registry.backend(kern.backend)), verdict="ERROR",
+                reason=reason)
+
+
 def skip_row(case: Case, kern: registry.Kernel, backend: registry.Backend, reason: str):
     return _row(_base_row(case, kern, backend), verdict="SKIP", reason=reason)
 
@@ -209,6 +215,10 @@ def _kernel_grads(spec, case, kern, device, first_inputs, graph, upstream) -> di
     return out
 
 
+# What a kernel may raise without ending the run: any exception, and SystemExit (a kernel
+# or a library it calls that exits); KeyboardInterrupt still stops the run.
+KERNEL_FAULTS = (Exception, SystemExit)
+
 TIMING = {"repeats": 0}  # --time: kernel calls timed per case (0: no timing)
 BENCHMARK = {"backend": None}  # --benchmark-backend: msprobe's benchmark standard
 _BENCH_CACHE: dict = {}  # the benchmark kernel's outputs of the case run last
@@ -291,6 +301,8 @@ def time_kernel(case: Case, kern: registry.Kernel, repeats: int,
 def _error_text(exc: BaseException) -> str:
     if isinstance(exc, KernelSignatureError):
         return str(exc)
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}): the kernel tried to end the process"
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
@@ -342,7 +354,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             _kernel_trajectory(spec, case, kern, backend.device, first_inputs)
         except KernelSignatureError as exc:  # not the wrapper's check: a mis-declared kernel
             return [_row(base, verdict="ERROR", standard="expect_error", reason=str(exc))]
-        except Exception as exc:
+        except KERNEL_FAULTS as exc:
             if _raised_expected(exc, case.expect_error):
                 return [_row(base, verdict="PASS", standard="expect_error",
                              reason=f"raised {type(exc).__name__} as expected: {exc}")]
@@ -359,7 +371,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="ERROR", reason=str(exc))]
     except Unsupported as exc:
         return [_row(base, verdict="SKIP", reason=f"kernel does not support this case: {exc}")]
-    except Exception as exc:
+    except KERNEL_FAULTS as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
     base.update(_NOTES)
     try:
@@ -372,7 +384,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     if TIMING["repeats"]:
         try:
             base["kernel_median_s"] = time_kernel(case, kern, TIMING["repeats"], first_inputs)
-        except Exception as exc:
+        except KERNEL_FAULTS as exc:
             return [_row(base, verdict="ERROR", reason=f"timing: {_error_text(exc)}")]
 
     names = spec.active_outputs(case.params) if case.forward else []
@@ -388,7 +400,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             base["backward_s"] = round(time.perf_counter() - t0, 6)
         except Unsupported as exc:
             grad_skip = f"kernel does not support this backward: {exc}"
-        except Exception as exc:
+        except KERNEL_FAULTS as exc:
             grad_error = f"kernel backward raised {_error_text(exc)}"
     rows = []
     alt = Alternatives(spec, case, first_inputs, g_steps[0]) if spec.reuse else None
