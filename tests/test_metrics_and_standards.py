@@ -11,7 +11,10 @@ from verify import dtypes as dt
 from verify import metrics, standards
 
 
-def numpy_reference(a, g, eps_ms, small, small_atol, mant, min_exp):
+def numpy_reference(a, g, eps_ms, small, small_atol, mant, min_exp, device=np.float32):
+    """The definitions written out in NumPy; EB is msprobe's get_error_balance: outputs
+    against the golden cast to the output's NumPy dtype (``device``), over all n."""
+    cast = g.astype(device).astype(np.float64)
     a = a.astype(np.float64)
     d = np.abs(a - g)
     rel = d / (np.abs(g) + 1e-7)
@@ -24,7 +27,7 @@ def numpy_reference(a, g, eps_ms, small, small_atol, mant, min_exp):
         "mere": rel.mean(), "mare": rel.max(), "max_abs": d.max(),
         "rmse": math.sqrt((d ** 2).mean()),
         "cosine": float(a @ g / math.sqrt((a @ a) * (g @ g))),
-        "eb": abs(int((a > g).sum()) - int((a < g).sum())) / a.size,
+        "eb": abs(int((a > cast).sum()) - int((a < cast).sum())) / a.size,
         "eb_mean": abs(((a - g) / np.maximum(1, np.abs(g))).mean()),
         "ulp_max": ulp.max(), "ulp_mean": ulp.mean(),
         "thousandth": ok3.mean(),
@@ -43,7 +46,8 @@ def test_metrics_match_numpy_over_many_blocks(dtype):
     m = metrics.measure(a, g)
     t = dt.traits(dtype)
     ref = numpy_reference(a.to(torch.float64).numpy(), g.numpy(), t.msprobe_eps, t.small_value,
-                          t.small_value_atol, t.mantissa_bits, t.min_exp)
+                          metrics.thousandth_small_atol(dtype), t.mantissa_bits, t.min_exp,
+                          np.float16 if dtype == torch.float16 else np.float32)
     for key, want in ref.items():
         got = getattr(m, key)
         assert got == pytest.approx(want, rel=1e-9, abs=1e-300), key

@@ -9,20 +9,24 @@ allocated beyond one chunk of the upcast actual.
 Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
 - mere / mare: mean / max of d / (|g| + 1e-7) (CANN v1)
 - max_rel: max of d / |g| over g != 0 (inf when some g == 0 has d > 0)
-- rmse, cosine, eb = |#(a>g) - #(a<g)| / n (msprobe), eb_mean = |mean((a-g)/max(1,|g|))| (ATB)
+- rmse (textbook, every element), cosine, eb_mean = |mean((a-g)/max(1,|g|))| (ATB)
+- eb = |#(a > g') - #(a < g')| / n with g' the golden cast to the output's NumPy dtype
+  (float16, else float32): msprobe's get_error_balance, counted beside the block pass
 - mag_bias = (#|a|<|g| - #|a|>|g|) / #inexact: rounding to nearest gives ~0, a truncating
   conversion ~1 (EB cannot see truncation: it cancels between positive and negative values)
 - ULP = d * 2^(mantissa - max(floor(log2|g|), min_exp)) (msprobe)
 - small-value domain |g| <= small_value: an element is wrong when d > small_value_atol
-- hundredth / thousandth / ten_thousandth: share of elements within d/(|g|+eps) < t
-  (small values: within their atol)
+- hundredth / thousandth / ten_thousandth (our own family): share of elements within
+  d/(|g|+eps) < t (small values: within their atol)
+- abs_threshold (msprobe's absolute threshold): rel = d / (|g| + finfo(golden).eps), the
+  golden being float64 (2^-8 for bf16, get_abs_bench_with_eps)
 - NaN / Inf placement: same NaN, or same signed Inf, is equal; anything else is a mismatch.
 """
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -48,7 +52,7 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 
 # constants slots
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
- C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, N_CONSTS) = range(13)
+ C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, C_EPS_ABS, N_CONSTS) = range(14)
 
 _F64_EXP = np.int64(0x7FF0000000000000)
 _F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
@@ -87,7 +91,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
     mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
     v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
-    abs_rtol, thou_atol = c[C_ABS_RTOL], c[C_THOU_ATOL]
+    abs_rtol, thou_atol, eps_abs = c[C_ABS_RTOL], c[C_THOU_ATOL], c[C_EPS_ABS]
     n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
     n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
     ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
@@ -152,7 +156,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
         ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
         ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
         ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
-        n_rel_bad += big * (1.0 if d > abs_rtol * denom else 0.0)
+        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
         n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
         allowed = atol + rtol * ag
         n_case += f * (1.0 if d <= allowed else 0.0)
@@ -342,7 +346,23 @@ def _constants(dtype: torch.dtype, atol: float, rtol: float, scale: float = 1.0)
     c[C_RTOL] = rtol
     c[C_ABS_RTOL] = t.abs_threshold_rtol
     c[C_THOU_ATOL] = thousandth_small_atol(dtype)
+    # msprobe's absolute threshold: rel = d / (|golden| + finfo(golden's dtype).eps), 2^-8
+    # for bf16 (get_abs_bench_with_eps); the golden here is float64
+    c[C_EPS_ABS] = 2.0 ** -8 if dtype == torch.bfloat16 else float(np.finfo(np.float64).eps)
     return c
+
+
+def _msprobe_view(chunk: torch.Tensor) -> np.ndarray:
+    """An output as msprobe holds it in NumPy: fp16 stays float16, bf16 becomes float32."""
+    return chunk.numpy() if chunk.dtype in (torch.float16, torch.float32, torch.float64) \
+        else chunk.to(torch.float32).numpy()
+
+
+def _eb_counts(dev: np.ndarray, g_np: np.ndarray) -> tuple[int, int]:
+    """msprobe's error balance counts (get_error_balance): outputs above / below the
+    golden cast to the output's NumPy dtype."""
+    cast = g_np.astype(dev.dtype)
+    return int(np.count_nonzero(dev > cast)), int(np.count_nonzero(dev < cast))
 
 
 def thousandth_small_atol(dtype: torch.dtype) -> float:
@@ -382,18 +402,24 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
     acc_a, acc_f = [], []
     best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, chunk start, block
     total = a.numel()
+    eb_a, eb_f = [0, 0], [0, 0]
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
         g_np = g[start:stop].numpy()
         a_np = _host_view(a[start:stop])
         parts = _run_blocks(a_np, g_np, c)
         acc_a.append(parts)
+        for i, v in enumerate(_eb_counts(_msprobe_view(a[start:stop]), g_np)):
+            eb_a[i] += v
         for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
             b = int(np.argmax(parts[:, slot])) if len(parts) else -1
             if b >= 0 and parts[b, slot] > best[key][0]:
                 best[key] = (parts[b, slot], start, b)
         if floor:
-            acc_f.append(_run_blocks(_host_view(dt.round_once(g[start:stop], dtype)), g_np, c))
+            rounded = dt.round_once(g[start:stop], dtype)
+            acc_f.append(_run_blocks(_host_view(rounded), g_np, c))
+            for i, v in enumerate(_eb_counts(_msprobe_view(rounded), g_np)):
+                eb_f[i] += v
     empty = np.empty((0, N_SLOTS))
     combined = _combine(np.concatenate(acc_a) if acc_a else empty)
     for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
@@ -404,10 +430,12 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
             lo, hi = b * BLOCK, min((b + 1) * BLOCK, stop - start)
             i_d, i_r = _argmax_in(a_np, g[start:stop].numpy(), lo, hi, c[C_EPS_CANN])
             combined[slot] = start + (i_d if key == "abs" else i_r)
-    m_a = _finish(combined, atol, rtol)
+    m_a = replace(_finish(combined, atol, rtol),
+                  eb=abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
     m_f = None
     if floor:
-        m_f = _finish(_combine(np.concatenate(acc_f) if acc_f else empty), atol, rtol)
+        m_f = replace(_finish(_combine(np.concatenate(acc_f) if acc_f else empty), atol, rtol),
+                      eb=abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
     return m_a, m_f
 
 
