@@ -5,6 +5,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
 from verify import cases, registry, results, runner
 
@@ -137,3 +138,35 @@ def test_skip_is_never_a_failure_colour(every_kind):
     skip_css = page.split(".SKIP {")[1].split("}")[0]
     fail_css = page.split(".FAIL {")[1].split("}")[0]
     assert skip_css != fail_css and "#fff3bf" not in skip_css  # not the old warning yellow
+
+
+def _histogram_by_torch(actual, golden, dtype):
+    """The report's histogram computed the straightforward way, tensor op by tensor op."""
+    from verify import dtypes as dt
+    from verify import plotdata as p
+    g = golden.to(torch.float64).reshape(-1)
+    out = {}
+    for name, a in (("actual", actual.reshape(-1)), ("floor", dt.round_once(g, dtype))):
+        a64 = a.to(torch.float64)
+        err = (a64 - g).abs() / (g.abs() + 1e-7)
+        bad = (a64.isnan() != g.isnan()) | ((a64.isinf() | g.isinf()) & (a64 != g))
+        lg = torch.log10(torch.nan_to_num(torch.where(bad, torch.inf, err), nan=0.0))
+        finite = lg[torch.isfinite(lg)]
+        inside = finite[(finite >= p.BIN_LO) & (finite < p.BIN_HI)]
+        idx = ((inside - p.BIN_LO) * p.BINS_PER_DECADE).floor().to(torch.int64)
+        out[name] = {"counts": torch.bincount(idx, minlength=len(p.EDGES) - 1).tolist(),
+                     "zero": int(torch.isneginf(lg).sum()),
+                     "under": int((finite < p.BIN_LO).sum()),
+                     "over": int((finite >= p.BIN_HI).sum()) + int(torch.isposinf(lg).sum())}
+    return out
+
+
+def test_the_compiled_histogram_gives_the_same_figures():
+    from verify import plotdata
+    gen = torch.Generator().manual_seed(4)
+    g = torch.randn(300_000, generator=gen, dtype=torch.float64)
+    g[:50], g[50:60], g[60:100] = float("nan"), float("inf"), 0.0
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        a = (g * (1 + 1e-3 * torch.randn(g.shape, generator=gen, dtype=torch.float64))).to(dtype)
+        a[:25], a[70:80], a[200:210] = 1.0, float("nan"), float("-inf")
+        assert plotdata.histogram(a, g, dtype) == _histogram_by_torch(a, g, dtype), dtype
