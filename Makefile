@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_golden_memory.py
 	$(BIN)/python benchmarks/bench_registry.py
 	$(BIN)/python benchmarks/bench_report.py
+	$(BIN)/python benchmarks/bench_overhead.py
 
 clean:
 	rm -rf $(VENV) reports/*/ build *.egg-info
