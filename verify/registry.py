@@ -554,6 +554,13 @@ def _load_packs() -> None:
                               f"{exc}") from exc
 
 
+def optional_backend(name: str) -> bool:
+    """One of the optional built-in backends (triton, pypto, npu), loaded or not: when it
+    cannot run here, default runs leave it out and say so once."""
+    from .kernels import OPTIONAL_BACKENDS
+    return any(b.name == name for b in OPTIONAL_BACKENDS)
+
+
 def load_backends(names: Sequence[str] | None = None) -> None:
     """Import the optional built-in backends among ``names`` (None: every one whose
     dependency is installed) together with their kernels. Nothing is imported for a

@@ -149,7 +149,8 @@ def build(sel: Selection) -> Plan:
         backends = list(dict.fromkeys(sel.backends))
     else:  # every default backend that can run here (the others are named in the summary)
         backends = [b for b, spec in all_backends.items()
-                    if spec.default and (not spec.module or spec.available()[0])]
+                    if spec.default and (not registry.optional_backend(b)
+                                         or spec.available()[0])]
     items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)]
     if not items:
         raise ConfigError(f"no kernel of backend(s) {', '.join(backends)} for the selected "
@@ -173,7 +174,7 @@ def unavailable_backends() -> list[str]:
     """'name: why' for each default backend that cannot run here (its rows are not made;
     the summary says so once)."""
     return [f"{name}: {spec.available()[1]}" for name, spec in registry.backends().items()
-            if spec.default and spec.module and not spec.available()[0]]
+            if spec.default and registry.optional_backend(name) and not spec.available()[0]]
 
 
 def live_golden_keys(cases_dirs: list[str]) -> set[str]:
