@@ -217,7 +217,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_collection_finish(session):
     """The plan, as selected (after -k and deselection): each item must end as rows."""
-    if _active(session.config):
+    if _active(session.config) and not session.config.option.collectonly:
         _PLANNED.update({item.nodeid: (item.case, item.kern) for item in session.items
                          if isinstance(item, CaseItem)})
 
@@ -226,7 +226,7 @@ def pytest_collection_finish(session):
 def pytest_xdist_node_collection_finished(node, ids):
     """Under xdist the controller learns the plan from the workers' collections."""
     by_name = getattr(node.config, "_verify_by_name", None)
-    if by_name is None:
+    if by_name is None or node.config.option.collectonly:
         return
     for nodeid in ids:
         pair = by_name.get(nodeid.rsplit("::", 1)[-1])
