@@ -195,7 +195,7 @@ def cmd_serve(a) -> int:
                           f"pip install 'kernel-verify[registry]'") from None
     from .store import default_store_dir
 
-    serve(a.store or default_store_dir(create=True), host=a.host, port=a.port, token=a.token,
+    serve(a.store or default_store_dir(), host=a.host, port=a.port, token=a.token,
           max_body=a.max_body_mb << 20)
     return 0
 
@@ -270,7 +270,7 @@ def cmd_golden(a) -> int:
 
     console = Console(highlight=False)
     if a.golden_command == "warm":
-        return _warm(a, a.store or default_store_dir(create=True), console)
+        return _warm(a, a.store or default_store_dir(), console)
     # commands that read a store refuse a folder that is not there (never create one)
     store_dir = existing_store_dir(a.store)
     if a.golden_command == "ls":

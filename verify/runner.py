@@ -441,6 +441,14 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     return rows
 
 
+def _metric_columns(v) -> dict:
+    """A verdict's metrics and its error floor's, as result columns."""
+    cols = v.metrics.as_dict()
+    if v.floor is not None:
+        cols.update({f"floor_{k}": getattr(v.floor, k) for k in FLOOR_FIELDS})
+    return cols
+
+
 def _judge_view(row, spec, case, view, actual, golden, inputs) -> dict:
     """An output's elements at the indices an integer input holds along its last dim (the
     true class of a cross entropy, say), judged by the view's own standard: values that
@@ -461,9 +469,7 @@ def _judge_view(row, spec, case, view, actual, golden, inputs) -> dict:
     row.update(out_dtype=dt.name_of(out_dtype), verdict=v.verdict, standard=v.standard,
                reason=f"{int(keep.sum())} elements at {view['at']}: {v.reason}",
                warning=v.warning, margin=v.margin, floor_margin=v.floor_margin)
-    row.update(v.metrics.as_dict())
-    if v.floor is not None:
-        row.update({f"floor_{k}": getattr(v.floor, k) for k in FLOOR_FIELDS})
+    row.update(_metric_columns(v))
     if not v.passed:
         row["diff_table"] = worst_elements(a, g, {}, k=DIFF_ROWS)
     return row
@@ -576,9 +582,7 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
         reason = f"step {s_final + 1}/{case.steps}: {reason}"
     row.update(verdict=decisive.verdict, standard=decisive.standard, reason=reason,
                warning=final.warning, margin=decisive.margin, floor_margin=final.floor_margin)
-    row.update(final.metrics.as_dict())
-    if final.floor is not None:
-        row.update({f"floor_{k}": getattr(final.floor, k) for k in FLOOR_FIELDS})
+    row.update(_metric_columns(final))
     if case.steps > 1:
         row["step_metrics"] = per_step
     _plot_data(row, k_steps[s_final][out_name], g_steps[s_final][out_name], out_dtype, decisive)

@@ -25,11 +25,6 @@ def builtin_cases_dir() -> str:
     raise ConfigError(f"the built-in case files are missing (looked in {here / 'test_cases'})")
 
 
-def default_cases_dir() -> str:
-    """VERIFY_CASES, else the built-in case folder (the same from any working folder)."""
-    return os.environ.get("VERIFY_CASES") or builtin_cases_dir()
-
-
 def default_case_sources() -> list[str]:
     """Without --cases: VERIFY_CASES, or the built-in cases plus the case file or folder
     each declared op names (``declare_op(..., cases=...)``: user and installed op packs)."""

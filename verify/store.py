@@ -68,16 +68,15 @@ class Entry:
                 "created": self.created, "meta": self.meta}
 
 
-def default_store_dir(create: bool = False) -> str:
+def default_store_dir() -> str:
     """VERIFY_STORE, else ``goldens`` in the user's cache folder (platformdirs: e.g.
     ~/.cache/kernel-verify/goldens on Linux): one store per user, found the same way from
-    any folder, never a new store in whatever folder a command runs from."""
+    any folder, never a new store in whatever folder a command runs from. (GoldenStore
+    creates it on first write.)"""
     path = os.environ.get("VERIFY_STORE")
     if not path:
         from platformdirs import user_cache_dir
         path = os.path.join(user_cache_dir(APP_NAME, appauthor=False), "goldens")
-    if create:
-        Path(path).mkdir(parents=True, exist_ok=True)
     return path
 
 
