@@ -10,15 +10,19 @@ terminal summary (verdict first; ``-v`` for every row).
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from . import devices, golden_source, results, runner, selection
+from . import (deadline, devices, golden_source, isolation, notices, results, runner,
+               selection)
 from .errors import ConfigError
 
 _ROWS_KEY = "verify_rows"
+_WARNINGS_KEY = "verify_warnings"
 
 
 def pytest_addoption(parser):
@@ -45,6 +49,9 @@ def pytest_addoption(parser):
     g.addoption("--benchmark-backend", default=None,
                 help="also judge each kernel against this backend's kernel of the op on the "
                      "same inputs (msprobe's benchmark standard), in rows of their own")
+    g.addoption("--case-timeout", default=None, metavar="S",
+                help="seconds a case may run before it is an ERROR row (default 300 for L0, "
+                     "1800 for L1, 7200 for other levels; 0: no limit)")
     g.addoption("--progress-every", type=float, default=10.0,
                 help="seconds between progress lines (cases done and left, op, elapsed); "
                      "0: none")
@@ -52,6 +59,16 @@ def pytest_addoption(parser):
 
 def _active(config) -> bool:
     return config.getoption("--level", default=None) is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config):
+    """Kernels run where their death cannot take the run with it: a verification run
+    without ``-n`` runs its items in one pytest-xdist worker, and a crashed worker is
+    replaced (as often as it takes). ``-n 0`` runs them in this process."""
+    if _active(config) and not hasattr(config, "workerinput"):
+        isolation.prepare(config)
+    return (yield)
 
 
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists
@@ -70,7 +87,17 @@ def pytest_configure(config):
             tr.reportchars = "w" if "w" in tr.reportchars else ""
     if hasattr(config, "workerinput"):  # before any kernel touches a device
         devices.pin_worker(config.workerinput.get("workerid"))
-    runner.TIMING["repeats"] = config.getoption("verify_time") or 0
+    try:
+        runner.TIMING["repeats"] = selection.check_count(config.getoption("verify_time") or 0,
+                                                         "time")
+        runner.CASE_LIMIT["seconds"] = deadline.check_seconds(
+            config.getoption("--case-timeout"))
+        if not config.getoption("--progress-every") >= 0:
+            raise ConfigError("--progress-every must be a number of seconds >= 0")
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    isolation.configure(config)
+    config._verify_threads = {t.ident for t in threading.enumerate()}
     sel = selection.Selection(
         level=config.getoption("--level"), cases_dir=config.getoption("--cases"),
         ops=config.getoption("--op") or None, dtypes=config.getoption("--dtype") or None,
@@ -88,9 +115,13 @@ def pytest_configure(config):
     config._verify_by_name = {item_name(c, k): (c, k) for c, k in config._verify_plan.items}
     if not hasattr(config, "workerinput"):
         _PROGRESS[:] = [_Progress(config)]
-        config._verify_run_id = config.getoption("--run-id") or results.new_run_id()
-        reports = config.getoption("--reports") or os.environ.get("VERIFY_REPORTS", "reports")
-        config._verify_run_dir = Path(reports) / config._verify_run_id
+        _CONFIG[:] = [config]
+        try:
+            config._verify_run_dir = results.reserve_run_dir(config.getoption("--reports"),
+                                                             config.getoption("--run-id"))
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        config._verify_run_id = config._verify_run_dir.name
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -126,6 +157,9 @@ class CaseItem(pytest.Item):
         for r in rows:
             r["worker"] = worker
         self.user_properties.append((_ROWS_KEY, rows))
+        warnings = notices.drain()
+        if warnings:  # past log capture, across xdist: the controller prints them
+            self.user_properties.append((_WARNINGS_KEY, warnings))
         verdicts = {r["verdict"] for r in rows}
         if "ERROR" in verdicts:
             raise CaseFailed(_explain(rows, "ERROR"))
@@ -210,9 +244,21 @@ def pytest_runtest_logreport(report):
         if key == _ROWS_KEY and report.when == "call":
             _ROWS.extend(value)
             got_rows = True
+        elif key == _WARNINGS_KEY and report.when == "call":
+            _WARNINGS.update(dict.fromkeys(value))
     if report.failed and not got_rows:  # a crash, an exit, a failing setup: keep the cause
-        text = str(getattr(report, "longreprtext", "") or report.longrepr or "").strip()
-        _FAULTS.setdefault(report.nodeid, text.splitlines()[-1][:500] if text else "")
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        if report.when == "???" and worker is not None and _CONFIG:  # xdist: worker crashed
+            text = isolation.crash_cause(_CONFIG[0], worker.id)
+        else:
+            text = str(getattr(report, "longreprtext", "") or report.longrepr or "").strip()
+            text = text.splitlines()[-1][:500] if text else ""
+        _FAULTS.setdefault(report.nodeid, text)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    isolation.worker_down(node, error)
 
 
 def pytest_collection_finish(session):
@@ -252,6 +298,8 @@ _ROWS: list[dict] = []
 _PLANNED: dict = {}  # nodeid -> (case, kernel) of every selected item
 _FAULTS: dict[str, str] = {}  # nodeid -> why an item failed without rows
 _PROGRESS: list[_Progress] = []  # the controller's, made in pytest_configure below
+_CONFIG: list = []  # the controller's config, for hooks that are not given it
+_WARNINGS: dict[str, None] = {}  # run-level warnings of every process, in order
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -260,18 +308,45 @@ def pytest_sessionfinish(session, exitstatus):
         return
     rows = list(_ROWS)
     rows += _vanished(rows)
+    _WARNINGS.update(dict.fromkeys(notices.drain()))
+    config._verify_warnings = list(_WARNINGS)
+    _WARNINGS.clear()
     _ROWS.clear()
     _PLANNED.clear()
     _FAULTS.clear()
     _PROGRESS.clear()
+    _CONFIG.clear()
+    isolation.cleanup(config)
     config._verify_rows = rows
     if not rows:
         return
     meta = {"run_id": config._verify_run_id, "level": config.getoption("--level"),
-            "environment": results.environment()}
+            "environment": results.environment(), "warnings": config._verify_warnings}
     results.write(rows, config._verify_run_dir, meta)
     if session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide
         session.exitstatus = results.exit_status(rows)
+    config._verify_exit = int(session.exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Threads a kernel started and left running (not daemon) would keep this process
+    from exiting: in a run that ran kernels in its own process (-n 0), say so and end
+    the process with the run's status once pytest is done."""
+    before = getattr(config, "_verify_threads", None)
+    if before is None or hasattr(config, "workerinput") or not hasattr(config, "_verify_exit"):
+        return
+    left = isolation.lingering_threads(before)
+    if not left:
+        return
+    names = ", ".join(sorted({t.name for t in left}))
+    sys.stdout.flush()
+    print(f"verify: {len(left)} thread(s) started by kernels are still running ({names}); "
+          f"the run ends without waiting for them", file=sys.stderr, flush=True)
+    from .cli import mark_finished
+    code = config._verify_exit if config._verify_exit in (0, 1) else 2
+    mark_finished(code)
+    os._exit(code)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -287,6 +362,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not config.getoption("--backend"):
         for line in selection.unavailable_backends():
             tr.write_line(f"not run here: backend {line}")
+    for line in getattr(config, "_verify_warnings", []):
+        tr.write_line(f"warning: {line}", yellow=True)
     diffs = results.diff_tables_text([r for r in rows if r.get("expected") == "PASS"], limit=5)
     if diffs:
         tr.write_sep("-", "worst elements of failing outputs (all in diff_tables.txt)")

@@ -23,7 +23,7 @@ from .cases import Case
 from .comparison import compare, compare_topk, resolve_standard
 from .difftable import worst_elements
 from .errors import Unsupported
-from . import golden_source, plotdata, triton_probe
+from . import deadline, golden_source, plotdata, triton_probe
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 DIFF_ROWS = 10
@@ -305,16 +305,42 @@ def _error_text(exc: BaseException) -> str:
         return f"SystemExit({exc.code!r}): the kernel tried to end the process"
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return f"{type(exc).__name__}: {_clipped(exc)}{where}"
+
+
+MESSAGE_CHARS = 2000  # of an exception's message in a row (a kernel may raise megabytes)
+
+
+def _clipped(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception as inner:  # a __str__ that raises
+        return f"<message unreadable: {type(inner).__name__}>"
+    if len(text) <= MESSAGE_CHARS:
+        return text
+    return f"{text[:MESSAGE_CHARS]}... [{len(text) - MESSAGE_CHARS} more characters]"
 
 
 def _raised_expected(exc: BaseException, expected: str) -> bool:
     return any(cls.__name__ == expected for cls in type(exc).__mro__)
 
 
+# --case-timeout: seconds per case (None: the level's default, 0: no limit), and what the
+# watchdog does when a timed-out case never returns to Python (see verify/deadline.py)
+CASE_LIMIT = {"seconds": None, "on_stuck": None}
+_PHASE = ["starting"]  # what the case is doing now, for a time-out's reason
+
+
 def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
-    """Every result row of ``case`` run by ``kern``."""
-    rows = _run_case(case, kern)
+    """Every result row of ``case`` run by ``kern``; past its time limit, one ERROR row."""
+    seconds = deadline.seconds_for(case.level, CASE_LIMIT["seconds"])
+    _PHASE[0] = "making inputs"
+    try:
+        with deadline.time_limit(seconds, CASE_LIMIT["on_stuck"]):
+            rows = _run_case(case, kern)
+    except deadline.CaseTimeout as exc:
+        rows = [vanished_row(case, kern, f"{exc} while {_PHASE[0]} (--case-timeout "
+                                         f"{seconds:g}; 0: no limit)")]
     _interpreter_warning(rows, case, kern, registry.backend(kern.backend))
     return rows
 
@@ -350,6 +376,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="ERROR", reason=f"making inputs: {_error_text(exc)}")]
 
     if case.expect_error:
+        _PHASE[0] = "running the kernel"
         try:
             _kernel_trajectory(spec, case, kern, backend.device, first_inputs)
         except KernelSignatureError as exc:  # not the wrapper's check: a mis-declared kernel
@@ -357,13 +384,15 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         except KERNEL_FAULTS as exc:
             if _raised_expected(exc, case.expect_error):
                 return [_row(base, verdict="PASS", standard="expect_error",
-                             reason=f"raised {type(exc).__name__} as expected: {exc}")]
+                             reason=f"raised {type(exc).__name__} as expected: "
+                                    f"{_clipped(exc)}")]
             return [_row(base, verdict="FAIL", standard="expect_error",
                          reason=f"expected {case.expect_error}, got {_error_text(exc)}")]
         return [_row(base, verdict="FAIL", standard="expect_error",
                      reason=f"expected {case.expect_error}; the kernel accepted the inputs")]
 
     _NOTES.clear()
+    _PHASE[0] = "running the kernel"
     try:
         k_steps, last_inputs, k_seconds, graph = _run_forward(spec, case, kern, backend.device,
                                                               first_inputs)
@@ -374,13 +403,15 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     except KERNEL_FAULTS as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
     base.update(_NOTES)
+    _PHASE[0] = "getting the golden"
     try:
         golden = golden_source.resolver().get(spec, case, first_inputs)
-    except golden_source.RegistryUnavailable:
-        raise  # --registry-required: the run stops
+    except golden_source.RegistryUnavailable as exc:  # --registry-required
+        return [_row(base, verdict="ERROR", reason=f"registry unavailable: {exc}")]
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
     g_steps = [golden.step(s) for s in range(len(golden.trajectory))]
+    _PHASE[0] = "running the kernel"
     if TIMING["repeats"]:
         try:
             base["kernel_median_s"] = time_kernel(case, kern, TIMING["repeats"], first_inputs)
@@ -402,6 +433,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             grad_skip = f"kernel does not support this backward: {exc}"
         except KERNEL_FAULTS as exc:
             grad_error = f"kernel backward raised {_error_text(exc)}"
+    _PHASE[0] = "comparing"
     rows = []
     alt = Alternatives(spec, case, first_inputs, g_steps[0]) if spec.reuse else None
     if grad_skip and not case.backward:  # forward-only kernel of a forward+backward case
