@@ -41,6 +41,37 @@ def _add_selection(p):
                    help="only this working dtype; repeatable")
 
 
+def _workers(text: str) -> str:
+    if text in ("auto", "logical") or (text.isdigit() and int(text) <= 4096):
+        return text
+    raise argparse.ArgumentTypeError(f"a number of workers from 0 to 4096, or 'auto', "
+                                     f"not {text!r}")
+
+
+def _count(text: str) -> int:
+    if text.isdigit() and 1 <= int(text) <= 1_000_000:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"a whole number from 1 to 1000000, not {text!r}")
+
+
+def _seconds(text: str) -> float:
+    from .deadline import check_seconds
+    try:
+        return check_seconds(text, "seconds")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction 0 < F <= 1, not {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verify", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -52,20 +83,25 @@ def _parser() -> argparse.ArgumentParser:
                           ".py path; repeatable")
     run.add_argument("--backend", action="append", default=[],
                      help="run only this backend (e.g. torch, mutants, yours); repeatable")
-    run.add_argument("-n", "--workers", default=None,
-                     help="pytest-xdist workers (a number or 'auto')")
+    run.add_argument("-n", "--workers", default=None, type=_workers,
+                     help="pytest-xdist workers (a number or 'auto'); default one worker, "
+                          "so a kernel that crashes or hangs costs one ERROR row; 0: run "
+                          "kernels in this process (a crash ends the run)")
+    run.add_argument("--case-timeout", default=None, type=_seconds, metavar="S",
+                     help="seconds a case may run before it is an ERROR row (default 300 "
+                          "for L0, 1800 for L1, 7200 for other levels; 0: no limit)")
     run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     run.add_argument("--reports", default=None, help="report folder (default reports/)")
     run.add_argument("--run-id", default=None, help="name of this run's report folder")
     run.add_argument("-v", "--verbose", action="store_true",
                      help="one line per item and every row in the summary (default: a line "
                           "per op and kernel, then the rows that did not pass)")
-    run.add_argument("--time", type=int, nargs="?", const=5, default=0, metavar="N",
+    run.add_argument("--time", type=_count, nargs="?", const=5, default=0, metavar="N",
                      help="also record each kernel's median wall time over N calls (5)")
     run.add_argument("--benchmark-backend", default=None, metavar="B",
                      help="also judge each kernel against backend B's kernel of the op on the "
                           "same inputs (msprobe's benchmark standard), in rows of their own")
-    run.add_argument("--progress-every", type=float, default=10.0,
+    run.add_argument("--progress-every", type=_seconds, default=10.0,
                      help="seconds between progress lines (cases done and left, op, elapsed)")
     _add_store(run, registry_too=True)
 
@@ -79,9 +115,19 @@ def _parser() -> argparse.ArgumentParser:
     _add_store(srv)
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8470)
-    srv.add_argument("--token", default=None,
-                     help="bearer token that may write (default VERIFY_REGISTRY_TOKEN; "
-                          "none: read-only)")
+    srv.add_argument("--token", default=None, help=argparse.SUPPRESS)  # refused: see below
+    srv.add_argument("--token-file", default=None,
+                     help="file holding the write token (default VERIFY_REGISTRY_TOKEN; "
+                          "none: the service is read-only)")
+    srv.add_argument("--read-token-file", default=None,
+                     help="file holding the token reads need (default "
+                          "VERIFY_REGISTRY_READ_TOKEN; none: reads are open)")
+    srv.add_argument("--admin-token-file", default=None,
+                     help="file holding the token that may replace a golden with "
+                          "PUT ?replace=true (default VERIFY_REGISTRY_ADMIN_TOKEN)")
+    srv.add_argument("--tls-cert", default=None,
+                     help="certificate (PEM) to serve HTTPS with; needs --tls-key")
+    srv.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     srv.add_argument("--max-body-mb", type=int, default=8192,
                      help="largest upload accepted, in MiB (default 8192)")
 
@@ -117,6 +163,16 @@ def _parser() -> argparse.ArgumentParser:
     _add_store(warm, registry_too=True)
     check = gsub.add_parser("check", help="re-hash every blob and report corrupt ones")
     _add_store(check)
+    audit = gsub.add_parser("audit", help="recompute a sample (or all) of a store's or a "
+                                          "registry's goldens; exit 1 if any differ")
+    _add_store(audit)
+    audit.add_argument("--registry", default=None,
+                       help="audit this registry's goldens instead of a local store")
+    audit.add_argument("--sample", type=_fraction, default=1.0, metavar="F",
+                       help="fraction of the goldens to recompute, 0 < F <= 1 (default all)")
+    audit.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    audit.add_argument("--kernels", action="append", default=[],
+                       help="module declaring ops whose goldens the store holds; repeatable")
     gc = gsub.add_parser("gc", help="remove goldens no case or golden version refers to")
     _add_store(gc)
     gc.add_argument("--cases", action="append", default=[],
@@ -146,8 +202,10 @@ def _pytest_args(a) -> list[str]:
         args.append(f"--time={a.time}")
     if a.registry_required:
         args.append("--registry-required")
-    if a.workers and a.workers not in ("0", "1"):
+    if a.workers is not None:
         args += ["-n", str(a.workers)]
+    if a.case_timeout is not None:
+        args.append(f"--case-timeout={a.case_timeout:g}")
     args += ["-v"] if a.verbose else ["-q"]
     return args
 
@@ -193,10 +251,23 @@ def cmd_serve(a) -> int:
     except ImportError as exc:
         raise ConfigError(f"verify serve needs the registry extra ({exc.name} is missing): "
                           f"pip install 'kernel-verify[registry]'") from None
+    from .service import Tokens, read_token
     from .store import default_store_dir
 
-    serve(a.store or default_store_dir(), host=a.host, port=a.port, token=a.token,
-          max_body=a.max_body_mb << 20)
+    if a.token is not None:
+        raise ConfigError("--token is not taken: a token on the command line is visible in "
+                          "the process list. Set VERIFY_REGISTRY_TOKEN, or --token-file FILE")
+    if bool(a.tls_cert) != bool(a.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    for path in (a.tls_cert, a.tls_key):
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"TLS file {path} does not exist")
+    tokens = Tokens(write=read_token("VERIFY_REGISTRY_TOKEN", a.token_file, "write"),
+                    read=read_token("VERIFY_REGISTRY_READ_TOKEN", a.read_token_file, "read"),
+                    admin=read_token("VERIFY_REGISTRY_ADMIN_TOKEN", a.admin_token_file,
+                                     "admin"))
+    serve(a.store or default_store_dir(), host=a.host, port=a.port, tokens=tokens,
+          max_body=a.max_body_mb << 20, tls_cert=a.tls_cert, tls_key=a.tls_key)
     return 0
 
 
@@ -271,6 +342,8 @@ def cmd_golden(a) -> int:
     console = Console(highlight=False)
     if a.golden_command == "warm":
         return _warm(a, a.store or default_store_dir(), console)
+    if a.golden_command == "audit":
+        return _audit(a, console)
     # commands that read a store refuse a folder that is not there (never create one)
     store_dir = existing_store_dir(a.store)
     if a.golden_command == "ls":
@@ -301,6 +374,38 @@ def cmd_golden(a) -> int:
                       f"freed {_human(result['bytes_freed'])}; {store.stats()['goldens']} kept")
         return 0
     return 2
+
+
+def _audit(a, console) -> int:
+    from rich.table import Table
+
+    from . import audit, registry
+    from .store import GoldenStore, existing_store_dir
+
+    for module in a.kernels:
+        registry.load_user_module(module)
+    if a.registry:
+        where = a.registry
+        findings, total = audit.audit_registry(a.registry, a.sample, a.seed)
+    else:
+        where = existing_store_dir(a.store)
+        findings, total = audit.audit_store(GoldenStore(where), a.sample, a.seed)
+    shown = [f for f in findings if f.status != audit.OK]
+    if shown:
+        table = Table(title=f"goldens of {where} that are not ok", header_style="bold")
+        for col in ("key", "op", "case", "status", "detail"):
+            table.add_column(col)
+        for f in shown:
+            style = "red" if f.status == audit.DIFFERS else ""
+            table.add_row(f.key[:16], f.op, f.case_id, f"[{style}]{f.status}[/]" if style
+                          else f.status, f.detail)
+        console.print(table)
+    counts = {s: sum(f.status == s for f in findings)
+              for s in (audit.OK, audit.DIFFERS, audit.STALE, audit.SKIPPED)}
+    console.print(f"audited {len(findings)} of {total} goldens in {where}: "
+                  f"{counts[audit.OK]} ok, {counts[audit.DIFFERS]} differ, "
+                  f"{counts[audit.STALE]} stale, {counts[audit.SKIPPED]} skipped")
+    return 1 if counts[audit.DIFFERS] else 0
 
 
 def _warm(a, store_dir: str, console) -> int:
@@ -336,13 +441,59 @@ def _warm(a, store_dir: str, console) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="verify: %(message)s", force=True)
     args = _parser().parse_args(argv)
+    if args.command == "run" and args.kernels and not os.environ.get(FINISHED_ENV):
+        return _guarded(sys.argv[1:] if argv is None else list(argv))
     commands = {"run": cmd_run, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
                 "report": cmd_report, "diff": cmd_diff, "strategies": cmd_strategies}
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
     except ConfigError as exc:
         print(f"verify: error: {exc}", file=sys.stderr)
+        code = 2
+    mark_finished(code)
+    return code
+
+
+FINISHED_ENV = "VERIFY_FINISHED_FILE"
+
+
+def mark_finished(code: int) -> None:
+    """Tell a guarding parent (below) that this run ended through our own code."""
+    path = os.environ.get(FINISHED_ENV)
+    if path:
+        with open(path, "w") as f:
+            f.write(str(code))
+
+
+def _guarded(argv: list[str]) -> int:
+    """``verify run --kernels ...`` in a child process: user code imported here can end
+    the process with ``os._exit(0)`` (at import, say), which nothing in-process can catch
+    and which would read as a green run. The child says when it finished; an exit without
+    that is exit 2. The parent imports nothing heavy, so this costs one interpreter start."""
+    import signal
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="verify-run-") as tmp:
+        marker = os.path.join(tmp, "finished")
+        env = {**os.environ, FINISHED_ENV: marker}
+        child = subprocess.Popen([sys.executable, "-m", "verify.cli", *argv], env=env)
+        while True:
+            try:
+                code = child.wait()
+                break
+            except KeyboardInterrupt:  # the child got it too (same process group)
+                child.send_signal(signal.SIGINT)
+        if os.path.exists(marker):
+            return code
+    if code < 0:
+        print(f"verify: error: the run was killed by signal {-code} before it finished",
+              file=sys.stderr)
         return 2
+    print(f"verify: error: the run ended with status {code} before it finished, without a "
+          f"result: code in a --kernels module (or a kernel it ran at import) ended the "
+          f"process (os._exit?)", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import platform
 import secrets
 import sys
@@ -45,6 +46,36 @@ JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+
+
+def reserve_run_dir(reports: str | Path | None, run_id: str | None) -> Path:
+    """The run's report folder ``<reports>/<run_id>``, made now, before anything runs:
+    a run id is a plain folder name (no path, no ``..``); a folder that already holds a
+    run is refused (two runs never overwrite each other); ``reports`` must be a folder."""
+    from .errors import ConfigError
+    base = Path(reports if reports else os.environ.get("VERIFY_REPORTS", "reports"))
+    if run_id is None:
+        run_id = new_run_id()
+    elif not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise ConfigError(f"--run-id {run_id!r}: a run id is a folder name of letters, "
+                          f"digits and . _ + - (no / and no ..), at most 128 characters")
+    if base.exists() and not base.is_dir():
+        raise ConfigError(f"--reports {base}: not a folder")
+    run_dir = base / run_id
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()
+    except FileExistsError:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            return run_dir  # an empty folder (made for the run, say) is free to use
+        raise ConfigError(f"{run_dir} already holds a run: choose another --run-id, or "
+                          f"delete the folder to replace it") from None
+    except OSError as exc:
+        raise ConfigError(f"--reports {base}: cannot make the run's folder: {exc}") from None
+    return run_dir
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:

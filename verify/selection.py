@@ -153,6 +153,13 @@ def build(sel: Selection) -> Plan:
     return Plan(items=items, cases=cases, backends=backends)
 
 
+def check_count(value, option: str, most: int = 1_000_000) -> int:
+    """A whole number of repetitions for ``option`` (0 .. most)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ConfigError(f"--{option} must be a whole number from 0 to {most}, not {value!r}")
+    return value
+
+
 def check_benchmark_backend(name: str | None) -> str | None:
     """--benchmark-backend: a known backend that can run here (exit 2 otherwise)."""
     if not name:
