@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import json
 import math
+import stat
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -107,18 +108,56 @@ def _case_id_at(doc: dict, parts) -> str | None:
     return None
 
 
-def load_file(path: str | Path) -> list[Case]:
+MAX_FILE_BYTES = 16 << 20      # a case file is hand-written JSON, not data
+MAX_CASES_PER_ENTRY = 10_000   # what one entry's lists may expand to
+MAX_CASES_PER_FILE = 50_000
+MAX_ELEMENTS = 1 << 40         # per input: beyond any device's memory
+
+
+def read_json(path: str | Path):
+    """The JSON document of a case file. Only a regular file of at most MAX_FILE_BYTES is
+    read (a FIFO would block, /dev/zero never ends); bad UTF-8, bad JSON, nesting too
+    deep and integers too long are CaseFileErrors naming the file."""
     path = Path(path)
     fname = str(path)
     try:
-        doc = json.loads(path.read_text())
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise CaseFileError(fname, "not a regular file (a folder, FIFO, device or socket); "
+                                       "case files are plain JSON files")
+        if info.st_size > MAX_FILE_BYTES:
+            raise CaseFileError(fname, f"{info.st_size} bytes: larger than a case file may be "
+                                       f"({MAX_FILE_BYTES >> 20} MiB)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise CaseFileError(fname, f"cannot read: {exc}") from exc
+        raise CaseFileError(fname, f"cannot read: {exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise CaseFileError(fname, f"not UTF-8: byte 0x{data[exc.start]:02x} at offset "
+                                   f"{exc.start} (line {line})") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CaseFileError(fname, f"invalid JSON: {exc.msg} (line {exc.lineno}, "
-                                   f"column {exc.colno})") from exc
+                                   f"column {exc.colno})") from None
+    except RecursionError:
+        raise CaseFileError(fname, "invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits, say
+        raise CaseFileError(fname, f"invalid JSON: {exc}") from None
+
+
+def load_file(path: str | Path) -> list[Case]:
+    path = Path(path)
+    fname = str(path)
+    doc = read_json(path)
     validator = jsonschema.Draft202012Validator(schema())
-    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    try:
+        errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    except RecursionError:
+        raise CaseFileError(fname, "nested too deeply to validate") from None
     if errors:
         err = jsonschema.exceptions.best_match(errors)
         parts = list(err.absolute_path)
@@ -134,13 +173,23 @@ def load_file(path: str | Path) -> list[Case]:
         for i, raw in enumerate(entries):
             where = f"$.levels.{level}[{i}]"
             merged = _merge(defaults, raw)
-            for case in _expand(spec, merged, level, fname, where):
-                key = f"{level}-{case.id}"
-                if key in seen:
-                    raise CaseFileError(fname, f"duplicate case id '{case.id}' in {level} "
-                                               f"(also at {seen[key]})", raw.get("id"), where)
-                seen[key] = where
-                cases.append(case)
+            try:
+                for case in _expand(spec, merged, level, fname, where):
+                    key = f"{level}-{case.id}"
+                    if key in seen:
+                        raise CaseFileError(fname, f"duplicate case id '{case.id}' in {level} "
+                                                   f"(also at {seen[key]})", raw.get("id"), where)
+                    seen[key] = where
+                    cases.append(case)
+                    if len(cases) > MAX_CASES_PER_FILE:
+                        raise CaseFileError(fname, f"expands to more than {MAX_CASES_PER_FILE} "
+                                                   f"cases; split the sweeps over files",
+                                            raw.get("id"), where)
+            except ConfigError:
+                raise
+            except Exception as exc:  # a combination no check above foresaw: still exit 2
+                raise CaseFileError(fname, f"cannot expand this case: {type(exc).__name__}: "
+                                           f"{exc}", merged.get("id"), where) from None
     return cases
 
 
@@ -225,6 +274,9 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         shapes = [shape_v] if not shape_v or not isinstance(shape_v[0], list) else shape_v
     elif "shapes" in raw:
         first = next((n for n in spec.input_names if n in raw["shapes"]), None)
+        if first is None:
+            fail(f"'shapes' gives no input's shape (inputs: {', '.join(spec.input_names)}); "
+                 f"give 'shape' or the shape of an input", ".shapes")
         shapes = [raw["shapes"][first]]
     else:
         fail("a case needs 'shape' (or 'shapes' per input)", "")
@@ -234,6 +286,18 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
     param_sweeps = {k: v for k, v in raw.get("params", {}).items() if isinstance(v, list)}
     fixed_params = {k: v for k, v in raw.get("params", {}).items() if not isinstance(v, list)}
     sweep_names = list(param_sweeps)
+    if not raw.get("nonfinite_params"):
+        for k, v in raw.get("params", {}).items():
+            if any(isinstance(x, float) and not math.isfinite(x)
+                   for x in (v if isinstance(v, list) else [v])):
+                fail(f"param '{k}' is NaN or infinite; a kernel returning NaN everywhere "
+                     f"could pass such a case. Set \"nonfinite_params\": true on a case "
+                     f"that means it", f".params.{k}")
+    total = len(dtypes) * len(shapes) * math.prod(len(v) for v in dim_values) * math.prod(
+        len(v) for v in param_sweeps.values())
+    if total > MAX_CASES_PER_ENTRY:
+        fail(f"expands to {total} cases (dtypes x shapes x dims x param lists); at most "
+             f"{MAX_CASES_PER_ENTRY} per entry: split it, or sweep fewer values")
 
     for dtype_name, shape_t, dim_combo, pvals in itertools.product(
             dtypes, shapes, itertools.product(*dim_values),
@@ -246,6 +310,10 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         in_shapes = {n: spec.input(n).shape_for(main) for n in spec.input_names}
         for n, templ in raw.get("shapes", {}).items():
             in_shapes[n] = _resolve(templ, dim_map, fail, f".shapes.{n}")
+        for n, sh in in_shapes.items():
+            if math.prod(sh) > MAX_ELEMENTS:
+                fail(f"input '{n}' would hold {math.prod(sh)} elements (shape {list(sh)}): "
+                     f"more than {MAX_ELEMENTS}", ".shape")
         canon = dt.canonical_name(dtype_name)
         in_dtypes = {n: spec.input_dtype(n, canon) for n in spec.input_names}
         for n, dname in raw.get("dtypes", {}).items():
@@ -339,8 +407,8 @@ def load_dir(directory: str | Path, ops=None) -> list[Case]:
         if ops is not None and f.stem not in ops:
             # peek at the op name: the file name is a convention, not a contract
             try:
-                op_name = json.loads(f.read_text()).get("op")
-            except (OSError, ValueError, AttributeError):
+                op_name = read_json(f).get("op")
+            except (ConfigError, AttributeError):
                 op_name = None
             if op_name not in ops:
                 continue
