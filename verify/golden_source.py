@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import time
 from dataclasses import dataclass
 
 import torch
+from filelock import Timeout
+from safetensors import SafetensorError
 
 from . import inputs as inp
+from . import notices
 from .cases import Case
 from .errors import ConfigError
 from .registry import OpSpec
 from .registry_client import RegistryClient, RegistryUnavailable
-from .store import GoldenStore, default_store_dir, tensors_to_trajectory, trajectory_to_tensors
+from .store import (GoldenStore, StoreUnavailable, default_store_dir, tensors_to_trajectory,
+                    trajectory_to_tensors)
 
 log = logging.getLogger("verify.goldens")
 
@@ -114,25 +119,43 @@ class Golden:
         return dict(zip(self.names, self.trajectory[s]))
 
 
+# what a failing store raises: SQLite (read-only, disk full, locked, I/O), the file
+# system, safetensors (a full disk mid-write), file locks that cannot be made
+STORE_FAULTS = (sqlite3.Error, OSError, SafetensorError, StoreUnavailable, Timeout)
+MEMORY_GOLDENS = 8  # kept in memory by a degraded run (the kernels of one case share one)
+
+
 class GoldenResolver:
-    def __init__(self, store: GoldenStore, client: RegistryClient | None = None,
-                 required: bool = False):
+    def __init__(self, store: GoldenStore | None, client: RegistryClient | None = None,
+                 required: bool = False, store_dir: str = ""):
         self.store = store
         self.client = client
         self.required = required
-        self._warned = False
+        self.store_dir = store_dir or (str(store.root) if store is not None else "")
+        self._memory: dict[str, list] = {}
 
     def _registry_down(self, exc: Exception) -> None:
         if self.required:
             raise RegistryUnavailable(f"golden registry required but unavailable: {exc}")
-        if not self._warned:
-            log.warning("golden registry unavailable (%s); using the local store and "
-                        "computing what is missing", exc)
-            self._warned = True
+        notices.warn(f"golden registry unavailable ({exc}); goldens come from the local "
+                     f"store or are computed")
         self.client = None
 
+    def degrade(self, exc: BaseException) -> None:
+        """The store failed: the rest of the run computes goldens in memory."""
+        self.store = None
+        notices.warn(store_problem(self.store_dir, exc))
+
     def _read_local(self, names: list[str], key: str):
-        tensors = self.store.get_tensors(key)
+        if key in self._memory:
+            return self._memory[key]
+        if self.store is None:
+            return None
+        try:
+            tensors = self.store.get_tensors(key)
+        except STORE_FAULTS as exc:
+            self.degrade(exc)
+            return None
         if tensors is None:
             return None
         return tensors_to_trajectory(tensors, names)
@@ -144,34 +167,57 @@ class GoldenResolver:
         traj = self._read_local(names, key)
         if traj is not None:
             return Golden(traj, LOCAL, time.perf_counter() - t0, key, names)
-        if self.client is not None:
+        if first_inputs is None:
+            first_inputs = inp.make_inputs(case)
+        provenance = _provenance(spec, first_inputs)
+        if self.client is not None and self.store is not None:
             try:
-                if self.client.fetch(key, self.store):
+                if self.client.fetch(key, self.store, expect=provenance):
                     traj = self._read_local(names, key)
                     if traj is not None:
                         return Golden(traj, REGISTRY, time.perf_counter() - t0, key, names)
             except RegistryUnavailable as exc:
                 self._registry_down(exc)
-            except ValueError as exc:  # a hash mismatch in transit: compute instead
-                log.warning("golden %s from the registry was rejected: %s", key[:12], exc)
-        with self.store.lock(key):
-            traj = self._read_local(names, key)  # another process may have just made it
-            if traj is not None:
-                return Golden(traj, LOCAL, time.perf_counter() - t0, key, names)
-            t1 = time.perf_counter()
-            traj = golden_trajectory(spec, case, first_inputs)
-            seconds = time.perf_counter() - t1
-            meta = {"op": spec.name, "case_id": case.id, "golden_version": spec.golden_version,
-                    "outputs": names, "steps": case.steps,
-                    "case": case.canonical()}
+            except ValueError as exc:  # a hash or provenance mismatch: compute instead
+                notices.warn(f"golden {key[:12]} from the registry was rejected: {exc}")
+            except STORE_FAULTS as exc:
+                self.degrade(exc)
+        if self.store is not None:
             try:
-                self.store.put_tensors(
-                    key, trajectory_to_tensors(traj, names), meta)
-            except OSError as exc:
-                log.warning("golden %s could not be stored: %s", key[:12], exc)
-                return Golden(traj, COMPUTED, seconds, key, names)
+                with self.store.lock(key):
+                    traj = self._read_local(names, key)  # another process may have made it
+                    if traj is not None:
+                        return Golden(traj, LOCAL, time.perf_counter() - t0, key, names)
+                    traj, seconds = self._compute(spec, case, first_inputs)
+                    self._store(key, spec, case, names, traj, provenance)
+            except STORE_FAULTS as exc:  # the lock itself could not be taken
+                self.degrade(exc)
+        if self.store is None:
+            traj, seconds = self._compute(spec, case, first_inputs)
+            self._remember(key, traj)
+            return Golden(traj, COMPUTED, seconds, key, names)
         self._push(key)
         return Golden(traj, COMPUTED, seconds, key, names)
+
+    @staticmethod
+    def _compute(spec, case, first_inputs):
+        t1 = time.perf_counter()
+        traj = golden_trajectory(spec, case, first_inputs)
+        return traj, time.perf_counter() - t1
+
+    def _store(self, key, spec, case, names, traj, provenance: dict) -> None:
+        meta = {"op": spec.name, "case_id": case.id, "dtype": case.dtype, "outputs": names,
+                "steps": case.steps, "case": case.canonical(), **provenance}
+        try:
+            self.store.put_tensors(key, trajectory_to_tensors(traj, names), meta)
+        except STORE_FAULTS as exc:
+            self.degrade(exc)
+            self._remember(key, traj)
+
+    def _remember(self, key: str, traj) -> None:
+        self._memory[key] = traj
+        while len(self._memory) > MEMORY_GOLDENS:
+            self._memory.pop(next(iter(self._memory)))
 
     def _push(self, key: str) -> None:
         if self.client is None or not self.client.token:
@@ -179,9 +225,36 @@ class GoldenResolver:
         try:
             status = self.client.push(key, self.store)
             if status not in (200, 201):
-                log.warning("pushing golden %s to the registry: HTTP %s", key[:12], status)
+                notices.warn(f"pushing golden {key[:12]} to the registry: HTTP {status}")
         except RegistryUnavailable as exc:
             self._registry_down(exc)
+        except STORE_FAULTS as exc:
+            self.degrade(exc)
+
+
+def _provenance(spec: OpSpec, first_inputs: dict) -> dict:
+    """What a golden was computed from, stored in its blob and checked on every fetch:
+    the golden version (the code of the golden and what it reaches) and the fingerprint
+    of the case's inputs as this machine makes them."""
+    return {"golden_version": spec.golden_version, "inputs_sha": inp.fingerprint(first_inputs)}
+
+
+def store_problem(store_dir: str, exc: BaseException) -> str:
+    """One warning for a store that failed, with what to do about it."""
+    text = f"{type(exc).__name__}: {exc}"
+    low = text.lower()
+    if "locked" in low or isinstance(exc, Timeout):
+        hint = "another process holds its index or a lock; wait for it, or stop it"
+    elif "readonly" in low or "read-only" in low or "permission" in low:
+        hint = "it is read-only here; give a writable --store (or VERIFY_STORE)"
+    elif "full" in low or "no space" in low or "i/o" in low:
+        hint = "its disk is full or failing; free space, or give another --store"
+    elif "not a database" in low or "malformed" in low:
+        hint = f"delete {store_dir}/index.sqlite to rebuild it from the blobs"
+    else:
+        hint = "check the folder, or give another --store"
+    return (f"golden store {store_dir} degraded ({text}): this run computes its goldens "
+            f"in memory and stores none; {hint}")
 
 
 _RESOLVER: GoldenResolver | None = None
@@ -192,7 +265,18 @@ def configure(store: str | None = None, registry: str | None = None,
     """Set the run's golden sources (``--store``, ``--registry``, ``--registry-required``;
     defaults from VERIFY_STORE and VERIFY_REGISTRY)."""
     global _RESOLVER
-    store_obj = GoldenStore(store or default_store_dir())
+    store_dir = str(store or default_store_dir())
+    if os.path.exists(store_dir) and not os.path.isdir(store_dir):
+        raise ConfigError(f"--store {store_dir}: not a folder")
+    try:
+        store_obj = GoldenStore(store_dir)
+        if store_obj.rebuilt is not None:
+            n, kept = store_obj.rebuilt
+            notices.warn(f"golden store {store_dir}: its index was corrupt and was rebuilt "
+                         f"from {n} blobs (the corrupt one kept as {kept})")
+    except STORE_FAULTS as exc:
+        store_obj = None
+        notices.warn(store_problem(store_dir, exc))
     url = registry or os.environ.get("VERIFY_REGISTRY") or None
     client = RegistryClient(url) if url else None
     if required and client is None:
@@ -200,10 +284,10 @@ def configure(store: str | None = None, registry: str | None = None,
     if client is not None and not client.healthy():
         if required:
             raise ConfigError(f"golden registry {url} is not reachable (--registry-required)")
-        log.warning("golden registry %s is not reachable; using the local store and computing "
-                    "what is missing", url)
+        notices.warn(f"golden registry {url} is not reachable; goldens come from the local "
+                     f"store or are computed")
         client = None
-    _RESOLVER = GoldenResolver(store_obj, client, required)
+    _RESOLVER = GoldenResolver(store_obj, client, required, store_dir)
     return _RESOLVER
 
 

@@ -36,11 +36,19 @@ from filelock import FileLock
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from . import notices
+
 log = logging.getLogger("verify.store")
 
-KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+KEY_RE = re.compile(r"[0-9a-f]{64}")
 READ_CHUNK = 1 << 22
+BUSY_TIMEOUT_S = 15.0  # a writer holds the index for milliseconds; longer is a stuck lock
 APP_NAME = "kernel-verify"
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be opened or written (read-only, disk full, index locked): the
+    run goes on with goldens computed in memory."""
 
 
 class CorruptBlob(Exception):
@@ -94,7 +102,7 @@ def existing_store_dir(path: str | None = None) -> str:
 
 
 def valid_key(key: str) -> bool:
-    return bool(KEY_RE.match(key or ""))
+    return isinstance(key, str) and KEY_RE.fullmatch(key) is not None
 
 
 PARALLEL_HASH_BYTES = 8 << 20  # below this, threads cost more than they save
@@ -143,6 +151,15 @@ class GoldenStore:
         for sub in ("blobs", "tmp", "locks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.db_path = self.root / "index.sqlite"
+        self.rebuilt = None  # (blobs indexed, where the corrupt index was kept) if rebuilt
+        try:
+            self._create_index()
+        except sqlite3.DatabaseError as exc:
+            if not _is_corrupt(exc):
+                raise
+            self.rebuilt = self._rebuild_index()
+
+    def _create_index(self) -> None:
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("""CREATE TABLE IF NOT EXISTS goldens (
@@ -150,13 +167,37 @@ class GoldenStore:
                 op TEXT NOT NULL, case_id TEXT NOT NULL, golden_version TEXT NOT NULL,
                 created REAL NOT NULL, meta TEXT NOT NULL)""")
             db.execute("CREATE INDEX IF NOT EXISTS goldens_sha ON goldens(digest)")
+            db.execute("SELECT COUNT(*) FROM goldens").fetchone()  # reads every page header
+
+    def _rebuild_index(self) -> tuple[int, str]:
+        """A corrupt index is kept aside and rebuilt from the blobs' own metadata (each
+        blob records its key and what it was computed from); blobs whose bytes no longer
+        match their name are left out."""
+        kept = self.root / f"index.sqlite.corrupt-{int(time.time())}"
+        os.replace(self.db_path, kept)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{self.db_path}{suffix}").unlink(missing_ok=True)
+        self._create_index()
+        n = 0
+        for blob in sorted((self.root / "blobs").glob("*/*.safetensors")):
+            try:
+                if hash_file(blob) != blob.stem:
+                    continue
+                embedded = blob_metadata(blob)
+                key, meta = embedded.get("key", ""), json.loads(embedded.get("meta", "{}"))
+            except Exception:  # unreadable: it stays out of the index
+                continue
+            if valid_key(key):
+                self._index(key, blob.stem, blob.stat().st_size, meta)
+                n += 1
+        return n, str(kept)
 
     # -- plumbing -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.db_path, timeout=60, isolation_level=None)
+        db = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
-            db.execute("PRAGMA busy_timeout=60000")
+            db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             yield db
         finally:
             db.close()
@@ -176,7 +217,8 @@ class GoldenStore:
         """Write a golden: temp file, fsync, hash, rename into place, then index it."""
         tmp = self._tmp_path(key)
         try:
-            save_file(tensors, str(tmp), metadata={"key": key, "op": meta.get("op", "")})
+            save_file(tensors, str(tmp), metadata={"key": key, "op": meta.get("op", ""),
+                                                   "meta": json.dumps(meta, sort_keys=True)})
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             return self._commit(key, tmp, hash_file(tmp), meta)
@@ -187,21 +229,23 @@ class GoldenStore:
         """A golden arriving in chunks (an upload, a fetch): write, then commit or abort."""
         return BlobWriter(self, key, max_bytes)
 
-    def put_stream(self, key: str, chunks: Iterable[bytes], expected_digest: str, meta: dict,
-                   max_bytes: int | None = None) -> Entry:
+    def put_stream(self, key: str, chunks: Iterable[bytes], expected_digest: str,
+                   max_bytes: int | None = None, expect: dict | None = None) -> Entry:
         with self.writer(key, max_bytes) as w:
             for chunk in chunks:
                 w.write(chunk)
-            return w.commit(expected_digest, meta)
+            return w.commit(expected_digest, expect=expect)
 
     def _commit(self, key: str, tmp: Path, digest: str, meta: dict) -> Entry:
         final = self.blob_path(digest)
         final.parent.mkdir(parents=True, exist_ok=True)
         if not (final.exists() and hash_file(final) == digest):
             os.replace(tmp, final)  # atomic: readers see the old blob or the whole new one
-        entry = Entry(key, digest, final.stat().st_size, meta.get("op", ""),
-                      meta.get("case_id", ""), meta.get("golden_version", ""), time.time(),
-                      meta)
+        return self._index(key, digest, final.stat().st_size, meta)
+
+    def _index(self, key: str, digest: str, size: int, meta: dict) -> Entry:
+        entry = Entry(key, digest, size, meta.get("op", ""), meta.get("case_id", ""),
+                      meta.get("golden_version", ""), time.time(), meta)
         with self._db() as db:
             db.execute("INSERT OR REPLACE INTO goldens VALUES (?,?,?,?,?,?,?,?)",
                        (entry.key, entry.digest, entry.size, entry.op, entry.case_id,
@@ -242,18 +286,29 @@ class GoldenStore:
             return None
         actual = hash_file(path)
         if actual != e.digest:
-            log.warning("golden %s: blob %s is corrupt (digest %s); removed, it will be "
-                        "recomputed", key[:12], path.name, actual[:12])
+            notices.warn(f"golden {key[:12]} ({e.op} {e.case_id}): blob {path.name[:16]} is "
+                         f"corrupt (digest {actual[:12]}); removed and recomputed")
             self.remove(key, drop_blob=True)
             return None
         return path
 
     def get_tensors(self, key: str) -> dict[str, torch.Tensor] | None:
+        """The golden of ``key``, or None. Its blob must hash to the digest the index
+        holds and must itself name ``key``: an index row pointed at another valid blob
+        is caught, dropped and recomputed."""
         path = self.verified_path(key)
         if path is None:
             return None
         out = {}
         with safe_open(str(path), framework="pt") as f:
+            bound = (f.metadata() or {}).get("key")
+            if bound != key:
+                notices.warn(f"golden {key[:12]}: the index points at blob {path.name[:16]}, "
+                             f"which was computed for key {str(bound)[:12]}; index row "
+                             f"dropped, the golden recomputed")
+                with self._db() as db:
+                    db.execute("DELETE FROM goldens WHERE key=?", (key,))
+                return None
             for name in f.keys():
                 out[name] = f.get_tensor(name)
         return out
@@ -337,14 +392,18 @@ class BlobWriter:
         self._hash.update(chunk)
         self._file.write(chunk)
 
-    def commit(self, expected_digest: str, meta: dict) -> Entry:
+    def commit(self, expected_digest: str, expect: dict | None = None) -> Entry:
+        """Check the bytes against the announced digest and the blob against its key (the
+        key it names must be this one; ``expect``: metadata fields it must carry, e.g. a
+        client's own golden version and input fingerprint), then put it in place. The
+        index takes the blob's own metadata, never a header's."""
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         actual = self._hash.hexdigest()
         if actual != expected_digest:
             raise HashMismatch(f"content hash {actual} != announced {expected_digest}")
-        _check_safetensors(self.tmp)
+        meta = bound_metadata(self.tmp, self.key, expect)
         return self.store._commit(self.key, self.tmp, actual, meta)
 
     def abort(self) -> None:
@@ -359,15 +418,47 @@ class BlobWriter:
         self.abort()
 
 
+def blob_metadata(path: Path) -> dict:
+    """The string metadata a golden blob carries (key, op, meta: what it was computed
+    from)."""
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text or "file is encrypted" in text
+
+
 def _entry(row) -> Entry:
     key, sha, size, op, case_id, version, created, meta = row
     return Entry(key, sha, size, op, case_id, version, created, json.loads(meta))
 
 
-def _check_safetensors(path: Path) -> None:
-    """A blob must parse as safetensors before it is accepted."""
+class BindingMismatch(HashMismatch):
+    """A valid blob that was not computed for this key, or from other code or inputs."""
+
+
+def bound_metadata(path: Path, key: str, expect: dict | None = None) -> dict:
+    """The metadata of the golden blob at ``path``, after checking that it parses as
+    safetensors, names ``key``, and carries the ``expect`` fields unchanged."""
     try:
         with safe_open(str(path), framework="pt") as f:
             list(f.keys())
+            embedded = dict(f.metadata() or {})
     except Exception as exc:
         raise HashMismatch(f"not a safetensors file: {exc}") from exc
+    if embedded.get("key") != key:
+        raise BindingMismatch(f"the blob was computed for key {str(embedded.get('key'))[:16]}, "
+                              f"not {key[:16]}")
+    try:
+        meta = json.loads(embedded.get("meta", "{}"))
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise BindingMismatch("the blob carries no readable record of what it was computed from")
+    for field, want in (expect or {}).items():
+        if meta.get(field) != want:
+            raise BindingMismatch(f"{field} of the blob is {meta.get(field)!r}, this client's "
+                                  f"is {want!r}")
+    return meta
