@@ -28,6 +28,7 @@ from verify.store import GoldenStore
 
 LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "30"))
 CLIENTS = 50
+READ_TOKEN = "bench-read"  # reads need a token: the load test measures the checked path
 
 
 def cold_vs_warm(level: str, tmp: Path) -> None:
@@ -83,8 +84,10 @@ def free_port() -> int:
 
 def start_service(store_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    env = {**os.environ, "VERIFY_REGISTRY_TOKEN": "bench",        # tokens travel in the
+           "VERIFY_REGISTRY_READ_TOKEN": READ_TOKEN}              # environment, not argv
     proc = subprocess.Popen([sys.executable, "-m", "verify.cli", "serve", "--store",
-                             str(store_dir), "--port", str(port), "--token", "bench"],
+                             str(store_dir), "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -108,7 +111,7 @@ def fetch_vs_local(tmp: Path) -> None:
         rows = []
         for i in range(3):
             local = GoldenStore(tmp / f"client{i}")
-            client = RegistryClient(url)
+            client = RegistryClient(url, read_token=READ_TOKEN)
             t0 = time.perf_counter()
             assert client.fetch(key, local)
             t_fetch = time.perf_counter() - t0
@@ -133,7 +136,8 @@ def fetch_vs_local(tmp: Path) -> None:
 
 
 async def _client(url: str, keys: list[str], deadline: float, lat: list, errors: list):
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=30,
+                                 headers={"Authorization": f"Bearer {READ_TOKEN}"}) as http:
         while time.perf_counter() < deadline:
             key = random.choice(keys)
             t0 = time.perf_counter()
@@ -177,13 +181,19 @@ def load(tmp: Path) -> None:
 
 
 def main() -> None:
+    """BENCH_ONLY=load (or cold, net, fetch) runs one part."""
+    only = os.environ.get("BENCH_ONLY")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for level in ("L0", "L1"):
-            cold_vs_warm(level, tmp)
-        network_shape(tmp)
-        fetch_vs_local(tmp)
-        load(tmp)
+        if only in (None, "cold"):
+            for level in ("L0", "L1"):
+                cold_vs_warm(level, tmp)
+        if only in (None, "net"):
+            network_shape(tmp)
+        if only in (None, "fetch"):
+            fetch_vs_local(tmp)
+        if only in (None, "load"):
+            load(tmp)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Small shared pieces of the harness's own tests."""
 import json
 import os
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -34,25 +35,35 @@ def free_port() -> int:
 class Service:
     """``verify serve`` as a real process on a loopback port."""
 
-    def __init__(self, store_dir, token="t0ken", max_body_mb=1):
+    def __init__(self, store_dir, token="t0ken", max_body_mb=1, read_token=None,
+                 admin_token=None, tls=None):
+        """Tokens travel in the environment (never the command line); ``tls``: (cert, key)
+        PEM files to serve HTTPS with."""
         import time
 
         import httpx
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.store_dir = store_dir
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        env.pop("VERIFY_REGISTRY_TOKEN", None)
+        for name, value in (("VERIFY_REGISTRY_TOKEN", token),
+                            ("VERIFY_REGISTRY_READ_TOKEN", read_token),
+                            ("VERIFY_REGISTRY_ADMIN_TOKEN", admin_token)):
+            env.pop(name, None)
+            if value:
+                env[name] = value
         args = [*VERIFY, "serve", "--store", str(store_dir), "--port", str(self.port),
                 "--max-body-mb", str(max_body_mb)]
-        if token:
-            args += ["--token", token]
+        if tls:
+            args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
         self.proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/healthz", timeout=1,
+                             verify=ssl.create_default_context(cafile=str(tls[0])) if tls else True).status_code == 200:
                     return
             except httpx.HTTPError:
                 time.sleep(0.2)

@@ -27,15 +27,19 @@ def service(tmp_path):
     svc.stop()
 
 
-def blob(value: float = 1.0) -> bytes:
-    return st_save({"0/out": torch.full((4, 4), value, dtype=torch.float64)})
+KEY = "ab" * 32
+
+
+def blob(value: float = 1.0, key: str | None = None) -> bytes:
+    """A golden blob as the store writes one: it names its key and what it was computed
+    from in its own metadata."""
+    meta = {"op": "t", "golden_version": "v1", "inputs_sha": "i1"}
+    return st_save({"0/out": torch.full((4, 4), value, dtype=torch.float64)},
+                   metadata={"key": key or KEY, "op": "t", "meta": json.dumps(meta)})
 
 
 def sha(data: bytes) -> str:
     return hash_bytes(data)
-
-
-KEY = "ab" * 32
 
 
 def put(url, key, data, token="t0ken", announced=None):
@@ -212,7 +216,7 @@ with store.writer("{key}") as w:
     w.write(b"x" * 1000)
     print("writing", flush=True)
     time.sleep(60)
-    w.commit("0" * 64, {{}})
+    w.commit("0" * 64)
 """
 
 

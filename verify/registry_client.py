@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 
 from .errors import ConfigError
 from .store import GoldenStore
@@ -33,12 +34,22 @@ class RegistryUnavailable(Exception):
 
 
 class RegistryClient:
-    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0):
+    def __init__(self, url: str, token: str | None = None, timeout: float = 30.0,
+                 read_token: str | None = None):
         self.url = url.rstrip("/")
         self.token = token if token is not None else os.environ.get("VERIFY_REGISTRY_TOKEN")
+        self.read_token = (read_token if read_token is not None
+                           else os.environ.get("VERIFY_REGISTRY_READ_TOKEN") or self.token)
         httpx = _httpx()
         self._http_error = httpx.HTTPError
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        # https with a private CA: VERIFY_REGISTRY_CA names its certificate (PEM)
+        ca = os.environ.get("VERIFY_REGISTRY_CA")
+        verify = ssl.create_default_context(cafile=ca) if ca else True
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, verify=verify)
+
+    @staticmethod
+    def _auth(token: str | None) -> dict:
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def close(self) -> None:
         self._http.close()
@@ -59,19 +70,40 @@ class RegistryClient:
             return False
 
     def exists(self, key: str) -> bool:
-        return self._call("HEAD", f"/v1/goldens/{key}").status_code == 200
+        return self._call("HEAD", f"/v1/goldens/{key}",
+                          headers=self._auth(self.read_token)).status_code == 200
 
-    def fetch(self, key: str, store: GoldenStore) -> bool:
-        """Stream ``key`` into the local store; False when the service does not have it."""
+    def keys(self, page: int = 1000) -> list[str]:
+        """Every key the service holds (paged through /v1/goldens)."""
+        out, offset = [], 0
+        while True:
+            resp = self._call("GET", "/v1/goldens", params={"offset": offset, "limit": page},
+                              headers=self._auth(self.read_token))
+            if resp.status_code != 200:
+                raise RegistryUnavailable(f"{self.url}/v1/goldens: HTTP {resp.status_code}")
+            items = resp.json()["items"]
+            out += [item["key"] for item in items]
+            if len(items) < page:
+                return out
+            offset += page
+
+    def fetch(self, key: str, store: GoldenStore, expect: dict | None = None) -> bool:
+        """Stream ``key`` into the local store; False when the service does not have it.
+        The blob must hash to the announced digest, name ``key`` and carry the ``expect``
+        fields (this client's golden version and input fingerprint): else ValueError, and
+        nothing is stored."""
         path = f"/v1/goldens/{key}"
         try:
-            with self._http.stream("GET", path) as resp:
+            with self._http.stream("GET", path, headers=self._auth(self.read_token)) as resp:
                 if resp.status_code == 404:
                     return False
+                if resp.status_code in (401, 403):
+                    raise RegistryUnavailable(f"{self.url}{path}: HTTP {resp.status_code} "
+                                              f"(set VERIFY_REGISTRY_READ_TOKEN)")
                 if resp.status_code != 200:
                     raise RegistryUnavailable(f"{self.url}{path}: HTTP {resp.status_code}")
-                meta = json.loads(resp.headers.get(META_HEADER, "{}"))
-                store.put_stream(key, resp.iter_bytes(CHUNK), resp.headers[HASH_HEADER], meta)
+                store.put_stream(key, resp.iter_bytes(CHUNK), resp.headers[HASH_HEADER],
+                                 expect=expect)
                 return True
         except self._http_error as exc:
             raise RegistryUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
@@ -83,7 +115,5 @@ class RegistryClient:
             raise KeyError(key)
         entry, chunks = got
         headers = {HASH_HEADER: entry.digest, META_HEADER: json.dumps(entry.meta),
-                   "Content-Length": str(entry.size)}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+                   "Content-Length": str(entry.size), **self._auth(self.token)}
         return self._call("PUT", f"/v1/goldens/{key}", content=chunks, headers=headers).status_code

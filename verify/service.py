@@ -2,16 +2,24 @@
 
     GET  /v1/goldens/{key}   the blob, streamed, with X-Content-BLAKE3 and X-Golden-Meta
     HEAD /v1/goldens/{key}   the same headers, no body
-    PUT  /v1/goldens/{key}   upload (bearer token); checked against X-Content-BLAKE3
+    PUT  /v1/goldens/{key}   upload (write token); checked against X-Content-BLAKE3
     GET  /v1/goldens         list, paged (?offset=&limit=)
     GET  /v1/stats           counts and bytes stored, requests served
-    GET  /healthz            liveness
+    GET  /healthz            liveness (always open)
     GET  /openapi.json       the OpenAPI description (FastAPI), /docs to browse it
 
-Reads are open; writes need ``Authorization: Bearer <token>`` (401 without, 403 wrong or
-no token configured). Keys must be 64 hex digits (400 otherwise). Uploads larger than the
-set maximum are refused (413). Writes go to a temp file and are renamed into place only
-when complete and hash-checked, so a stopped server never leaves a partial golden.
+Tokens (``Authorization: Bearer <token>``), each from the environment or a file, never
+the command line: a write token may upload; a read token, when one is set, is needed to
+read (the write and admin tokens read too); the admin token may replace a golden.
+
+Keys are write-once: a PUT of the same bytes to an existing key is 200, of other bytes
+409, unless the admin token asks for ``?replace=true``. A blob must name the key it is
+put under (goldens carry their key and what they were computed from in their own
+metadata, which the index takes, never a header's). Keys are exactly 64 hex digits (400
+otherwise); bad metadata is 400 before anything is stored; uploads over the maximum are
+413; a client that sends its headers or body too slowly is cut off. Writes go to a temp
+file, renamed into place only when complete and checked, so a stopped server never
+leaves a partial golden. With ``--tls-cert`` and ``--tls-key`` the service speaks HTTPS.
 """
 from __future__ import annotations
 
@@ -22,15 +30,21 @@ import os
 import threading
 import time
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import anyio
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .registry_client import HASH_HEADER, META_HEADER
 from .store import GoldenStore, HashMismatch, new_hasher, valid_key
 
 log = logging.getLogger("verify.service")
 DEFAULT_MAX_BODY = 8 << 30  # 8 GiB: a [7168, 24576] AdamW golden is ~4 GiB
+HEADER_TIMEOUT_S = 10.0     # to send a request's headers
+BODY_TIMEOUT_S = 30.0       # between two chunks of an upload
 
 
 class _Counters:
@@ -48,8 +62,18 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status)
 
 
+@dataclass(frozen=True)
+class Tokens:
+    write: str | None = None
+    read: str | None = None   # None: reads are open
+    admin: str | None = None  # None: no golden can be replaced
+
+
 def create_app(store: GoldenStore, token: str | None = None,
-               max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+               max_body: int = DEFAULT_MAX_BODY, tokens: Tokens | None = None,
+               body_timeout: float = BODY_TIMEOUT_S) -> FastAPI:
+    """The service over ``store``; ``token`` is the write token (or give ``tokens``)."""
+    tokens = tokens or Tokens(write=token)
     app = FastAPI(title="kernel-verify golden registry", version="1",
                   description="float64 goldens, content-addressed, computed once and "
                               "fetched by every machine.")
@@ -61,13 +85,30 @@ def create_app(store: GoldenStore, token: str | None = None,
             return _error(400, "a golden key is 64 lowercase hex digits (sha256)")
         return None
 
-    def auth_error(request: Request) -> JSONResponse | None:
+    def bearer(request: Request) -> str | None:
         header = request.headers.get("authorization", "")
-        if not header.lower().startswith("bearer "):
-            return _error(401, "writes need Authorization: Bearer <token>")
-        given = header[7:].strip()
-        if not token or not hmac.compare_digest(given.encode(), token.encode()):
+        return header[7:].strip() if header.lower().startswith("bearer ") else None
+
+    def holds(given: str | None, *allowed: str | None) -> bool:
+        return given is not None and any(
+            t and hmac.compare_digest(given.encode(), t.encode()) for t in allowed)
+
+    def auth_error(request: Request) -> JSONResponse | None:
+        given = bearer(request)
+        if given is None:
+            return _error(401, "writes need Authorization: Bearer <write token>")
+        if not holds(given, tokens.write, tokens.admin):
             return _error(403, "this token may not write to the registry")
+        return None
+
+    def read_error(request: Request) -> JSONResponse | None:
+        if not tokens.read:
+            return None
+        given = bearer(request)
+        if given is None:
+            return _error(401, "reads need Authorization: Bearer <read token>")
+        if not holds(given, tokens.read, tokens.write, tokens.admin):
+            return _error(403, "this token may not read from the registry")
         return None
 
     def headers_for(entry) -> dict:
@@ -79,18 +120,23 @@ def create_app(store: GoldenStore, token: str | None = None,
         return {"status": "ok"}
 
     @app.get("/v1/stats")
-    def stats():
+    def stats(request: Request):
+        if (err := read_error(request)) is not None:
+            return err
         return {**store.stats(), **counters.values, "uptime_s": round(time.time() - started, 1)}
 
     @app.get("/v1/goldens")
-    def list_goldens(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)):
+    def list_goldens(request: Request, offset: int = Query(0, ge=0),
+                     limit: int = Query(100, ge=1, le=1000)):
+        if (err := read_error(request)) is not None:
+            return err
         total = store.stats()["goldens"]
         items = [e.as_dict() for e in store.entries(offset=offset, limit=limit)]
         return {"total": total, "offset": offset, "limit": limit, "items": items}
 
     @app.head("/v1/goldens/{key}")
-    def head_golden(key: str):
-        if (err := bad_key(key)) is not None:
+    def head_golden(key: str, request: Request):
+        if (err := bad_key(key) or read_error(request)) is not None:
             return err
         entry = store.entry(key)
         if entry is None or not store.blob_path(entry.digest).exists():
@@ -98,8 +144,8 @@ def create_app(store: GoldenStore, token: str | None = None,
         return Response(status_code=200, headers=headers_for(entry))
 
     @app.get("/v1/goldens/{key}")
-    def get_golden(key: str):
-        if (err := bad_key(key)) is not None:
+    def get_golden(key: str, request: Request):
+        if (err := bad_key(key) or read_error(request)) is not None:
             return err
         got = store.iter_blob(key)
         if got is None:
@@ -125,12 +171,15 @@ def create_app(store: GoldenStore, token: str | None = None,
                                  media_type="application/octet-stream")
 
     @app.put("/v1/goldens/{key}")
-    async def put_golden(key: str, request: Request):
+    async def put_golden(key: str, request: Request, replace: bool = False):
         if (err := bad_key(key)) is not None:
             return err
         if (err := auth_error(request)) is not None:
             counters.add("rejected_writes")
             return err
+        if replace and not holds(bearer(request), tokens.admin):
+            counters.add("rejected_writes")
+            return _error(403, "replacing a golden needs the admin token")
         announced = request.headers.get(HASH_HEADER, "").lower()
         if not valid_key(announced):
             return _error(400, f"{HASH_HEADER} must carry the body's BLAKE3 digest (64 hex)")
@@ -141,15 +190,31 @@ def create_app(store: GoldenStore, token: str | None = None,
             counters.add("rejected_writes")
             return _error(413, f"body of {length} bytes is over the limit of {max_body}")
         try:
-            meta = json.loads(request.headers.get(META_HEADER, "{}"))
+            header_meta = json.loads(request.headers.get(META_HEADER, "{}"))
         except ValueError:
-            return _error(400, f"{META_HEADER} must be JSON")
-        existed = store.entry(key) is not None
+            header_meta = None
+        if not isinstance(header_meta, dict):
+            return _error(400, f"{META_HEADER} must be a JSON object")
+        existing = store.entry(key)
+        if existing is not None and existing.digest != announced and not replace:
+            counters.add("rejected_writes")
+            return _error(409, f"golden {key[:16]} exists with other content (digest "
+                               f"{existing.digest[:16]}); goldens are write-once (the admin "
+                               f"token may replace one with ?replace=true)")
         try:
             with store.writer(key, max_bytes=max_body) as w:
-                async for chunk in request.stream():
+                stream = request.stream().__aiter__()
+                while True:
+                    with anyio.fail_after(body_timeout):
+                        try:
+                            chunk = await stream.__anext__()
+                        except StopAsyncIteration:
+                            break
                     await anyio.to_thread.run_sync(w.write, chunk)
-                entry = await anyio.to_thread.run_sync(w.commit, announced, meta)
+                entry = await anyio.to_thread.run_sync(w.commit, announced)
+        except TimeoutError:
+            counters.add("rejected_writes")
+            return _error(408, f"no body bytes for {body_timeout:g} s")
         except OverflowError as exc:
             counters.add("rejected_writes")
             return _error(413, str(exc))
@@ -158,18 +223,72 @@ def create_app(store: GoldenStore, token: str | None = None,
             return _error(400, str(exc))
         counters.add("writes")
         return JSONResponse({"key": key, "digest": entry.digest, "size": entry.size},
-                            status_code=200 if existed else 201)
+                            status_code=200 if existing is not None else 201)
 
     return app
 
 
-def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8470, token: str | None = None,
-          max_body: int = DEFAULT_MAX_BODY, log_level: str = "info") -> None:
+def read_token(env: str, file: str | None, what: str) -> str | None:
+    """A token from its file (first line) or, without one, the environment."""
+    if file:
+        from .errors import ConfigError
+        try:
+            text = Path(file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{what} token file {file}: {exc}") from None
+        if not text:
+            raise ConfigError(f"{what} token file {file} is empty")
+        return text
+    return os.environ.get(env) or None
+
+
+class _TimedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline on request headers: a client that
+    connects and sends its headers slowly (or never) is disconnected after
+    HEADER_TIMEOUT_S, where uvicorn alone would wait forever."""
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def _arm_header_deadline(self) -> None:
+        self._header_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_late)
+
+    def _headers_late(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._header_deadline.cancel()  # headers complete: the body has its own limit
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._header_deadline.cancel()
+        if not self.transport.is_closing():
+            self._arm_header_deadline()  # the next request on this connection
+
+    def connection_lost(self, exc):
+        self._header_deadline.cancel()
+        super().connection_lost(exc)
+
+
+def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8470,
+          max_body: int = DEFAULT_MAX_BODY, log_level: str = "info",
+          tokens: Tokens | None = None, tls_cert: str | None = None,
+          tls_key: str | None = None) -> None:
     import uvicorn
 
-    token = token or os.environ.get("VERIFY_REGISTRY_TOKEN") or None
-    app = create_app(GoldenStore(store_dir), token=token, max_body=max_body)
-    mode = "read-write (bearer token set)" if token else "read-only (no token: writes get 403)"
-    print(f"golden registry on http://{host}:{port} serving {store_dir}, {mode}", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=30)
+    tokens = tokens or Tokens(write=os.environ.get("VERIFY_REGISTRY_TOKEN") or None)
+    app = create_app(GoldenStore(store_dir), max_body=max_body, tokens=tokens)
+    mode = ("read-write (write token set)" if tokens.write
+            else "read-only (no write token: writes get 403)")
+    if tokens.read:
+        mode += ", reads need a token"
+    scheme = "https" if tls_cert else "http"
+    print(f"golden registry on {scheme}://{host}:{port} serving {store_dir}, {mode}",
+          flush=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, http=_TimedH11,
+                timeout_keep_alive=5, timeout_graceful_shutdown=30,
+                ssl_certfile=tls_cert, ssl_keyfile=tls_key)
