@@ -41,3 +41,25 @@ def pin_worker(worker_id: str | None, env=os.environ) -> dict[str, str]:
             env[var] = str(index % count)
             chosen[var] = env[var]
     return chosen
+
+
+def share_cpu(worker_count: int, env=os.environ) -> int | None:
+    """Give each of ``worker_count`` xdist workers its share of the CPU cores for torch's
+    and numba's thread pools (each would otherwise start one thread per core, and on a
+    2-core machine two workers ran L0 at half the speed of one). Left alone when the user
+    set OMP_NUM_THREADS. Returns the threads per worker, or None."""
+    if worker_count < 2 or "OMP_NUM_THREADS" in env:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    threads = max(1, cores // worker_count)
+    import torch
+    torch.set_num_threads(threads)
+    try:
+        import numba
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    except Exception:  # numba's pool cannot shrink once some backends started
+        pass
+    return threads

@@ -84,9 +84,12 @@ def _def_start(tree: ast.AST) -> int:
     return 1
 
 
+@functools.lru_cache(maxsize=4096)
 def normalized_source(source: str) -> tuple[str, ast.AST | None]:
     """(the code's tokens without comments, blank lines, docstrings and decorators; its
-    syntax tree, or None when it does not parse on its own, as a lambda's line may not)."""
+    syntax tree, or None when it does not parse on its own, as a lambda's line may not).
+    Cached by the text: every op's version reads the input generator and shared helpers,
+    and tokenizing them once per op was most of a worker's start-up."""
     source = textwrap.dedent(source)
     try:
         tree = ast.parse(source)
@@ -106,6 +109,13 @@ def normalized_source(source: str) -> tuple[str, ast.AST | None]:
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return source, tree
     return " ".join(out), tree
+
+
+@functools.lru_cache(maxsize=4096)
+def _source(obj) -> str:
+    """inspect.getsource, once per object: for a class it parses the whole module, and the
+    same helpers are reached from many goldens."""
+    return inspect.getsource(obj)
 
 
 def _code_summary(code: types.CodeType) -> str:
@@ -176,7 +186,7 @@ class _Fingerprint:
     def _add_code(self, obj) -> None:
         name = f"{obj.__module__}.{obj.__qualname__}"
         try:
-            text, tree = normalized_source(inspect.getsource(obj))
+            text, tree = normalized_source(_source(obj))
             if tree is None and isinstance(obj, types.FunctionType):
                 text = _code_summary(obj.__code__)
         except (OSError, TypeError):
@@ -235,7 +245,7 @@ def fingerprint(fn, extra_modules=()) -> str:
     for module in extra_modules:
         try:
             fp.parts.append(f"module {module.__name__}\n"
-                            + normalized_source(inspect.getsource(module))[0])
+                            + normalized_source(_source(module))[0])
         except (OSError, TypeError):
             fp.parts.append(f"module {module.__name__}")
     return hashlib.sha256("\n".join(fp.parts).encode()).hexdigest()

@@ -87,6 +87,7 @@ def pytest_configure(config):
             tr.reportchars = "w" if "w" in tr.reportchars else ""
     if hasattr(config, "workerinput"):  # before any kernel touches a device
         devices.pin_worker(config.workerinput.get("workerid"))
+        devices.share_cpu(int(config.workerinput.get("workercount") or 1))
     try:
         runner.TIMING["repeats"] = selection.check_count(config.getoption("verify_time") or 0,
                                                          "time")

@@ -120,7 +120,10 @@ def _table_rows(rows: list[dict], detail_ids: dict[int, str]) -> list[dict]:
     return out
 
 
-def _detail(i: int, r: dict) -> dict:
+FIGURE_CACHE = ".figures"  # in the run's folder: figures by the hash of their data
+
+
+def _detail(i: int, r: dict, cache: Path | None = None) -> dict:
     table = r.get("diff_table") or []
     names = list(table[0]["inputs"]) if table else []
     return {"id": f"detail-{i}", "r": r, "kernel": kernel_label(r), "input_names": names,
@@ -129,10 +132,10 @@ def _detail(i: int, r: dict) -> dict:
                       "golden": fmt(e.get("golden")), "actual": fmt(e.get("actual")),
                       "abs": fmt(e.get("abs_diff")), "rel": fmt(e.get("rel_diff"))}
                      for e in table],
-            "figure": plots.figure(r)}
+            "figure": plots.figure(r, cache)}
 
 
-def render(rows: list[dict], meta: dict) -> str:
+def render(rows: list[dict], meta: dict, cache: Path | None = None) -> str:
     rows = complete_rows(rows)
     picked = pick_details(rows)
     detail_ids = {i: f"detail-{i}" for i in picked}
@@ -140,7 +143,7 @@ def render(rows: list[dict], meta: dict) -> str:
     return _ENV.get_template("report.html.j2").render(
         meta=meta, counts=counts(rows), verdicts=VERDICTS, matrix=matrix(rows),
         metrics=METRICS, rows=_table_rows(rows, detail_ids),
-        details=[_detail(i, rows[i]) for i in picked], mutants=mutants,
+        details=[_detail(i, rows[i], cache) for i in picked], mutants=mutants,
         n_failing=sum(1 for r in rows if r["verdict"] == "FAIL"),
         caps=(MAX_FAILING_DETAILS, MAX_WORST_PASSING),
         environment=meta.get("environment", {}))
@@ -148,5 +151,5 @@ def render(rows: list[dict], meta: dict) -> str:
 
 def write(rows: list[dict], meta: dict, run_dir: str | Path) -> Path:
     path = Path(run_dir) / "report.html"
-    path.write_text(render(rows, meta), encoding="utf-8")
+    path.write_text(render(rows, meta, Path(run_dir) / FIGURE_CACHE), encoding="utf-8")
     return path

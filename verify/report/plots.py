@@ -7,8 +7,12 @@ report with dozens of failing outputs fast to build.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+import json
 import math
+import os
+from pathlib import Path
 
 import matplotlib
 
@@ -16,12 +20,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
 from .. import dtypes as dt  # noqa: E402
 from ..plotdata import EDGES  # noqa: E402
 
 plt.rcParams.update({"font.size": 8})
 DPI = 96
+# plain-text tick labels ("1e3", not mathtext's 10^3): parsing mathtext was a third of a
+# figure's time; no minor ticks on log axes (each tick is a set of artists to lay out)
+_PLAIN = FuncFormatter(lambda v, _pos: f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-")
+                       .replace("e+", "e") if v and (abs(v) >= 1e4 or abs(v) < 1e-2)
+                       else f"{v:g}")
+
+
+def _plain_log(axis) -> None:
+    axis.set_major_formatter(_PLAIN)
+    axis.set_minor_locator(NullLocator())
 
 
 def thresholds(row: dict) -> list[tuple[float, str]]:
@@ -51,6 +66,7 @@ def _histogram(ax, row: dict, data: dict) -> None:
         ax.stairs(data[name]["counts"], edges, fill=name == "floor", color=color,
                   alpha=0.6 if name == "floor" else 1.0, label=label, lw=1.2)
     ax.set_yscale("symlog", linthresh=1)
+    _plain_log(ax.yaxis)
     for value, label in thresholds(row):
         if value > 0:
             ax.axvline(math.log10(value), color="#1c7ed6", ls="--", lw=1)
@@ -71,7 +87,9 @@ def _heatmap(fig, ax, data: dict) -> None:
     im = ax.imshow(grid, aspect="auto", cmap="magma", interpolation="nearest",
                    norm=LogNorm(vmin=lo, vmax=hi),
                    extent=(0, data["cols"], data["rows"], 0))
-    fig.colorbar(im, ax=ax, label=f"max {data['measure']}")
+    bar = fig.colorbar(im, ax=ax, label=f"max {data['measure']}")
+    _plain_log(bar.ax.yaxis)
+    bar.ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # narrow ranges too
     ax.set_xlabel("last dim")
     ax.set_ylabel("rows (leading dims flattened)")
     ax.set_title("where the error sits", fontsize=8)
@@ -85,23 +103,52 @@ def _steps(ax, steps: list[dict]) -> None:
         if not all(np.isnan(ys)):
             ax.plot(x, ys, marker="o", ms=3, color=color, label=key)
     ax.set_yscale("log")
+    _plain_log(ax.yaxis)
     ax.set_xlabel("step")
     ax.set_title("error per step", fontsize=8)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
 
 
-def figure(row: dict) -> str | None:
-    """The plots of one output as a data: URI of a PNG; None when there is nothing to plot."""
+FIGURE_FIELDS = ("histogram", "heatmap", "step_metrics", "standard", "out_dtype", "rtol")
+
+
+def figure(row: dict, cache: Path | None = None) -> str | None:
+    """The plots of one output as a data: URI of a PNG; None when there is nothing to plot.
+    ``cache``: a folder of figures by the hash of what they show, so rebuilding a report
+    (``verify report``) renders only what changed."""
+    if cache is None:
+        return _render(row)
+    blob = json.dumps([row.get(k) for k in FIGURE_FIELDS], sort_keys=True, default=str)
+    path = cache / f"{hashlib.sha256(blob.encode()).hexdigest()[:32]}.txt"
+    try:
+        return path.read_text() or None
+    except OSError:
+        pass
+    uri = _render(row)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(uri or "")
+        os.replace(tmp, path)
+    except OSError:  # a read-only report folder: render, do not cache
+        pass
+    return uri
+
+
+def _render(row: dict) -> str | None:
     hist, heat = row.get("histogram"), row.get("heatmap")
     steps = row.get("step_metrics") if len(row.get("step_metrics") or []) > 1 else None
     panels = [p for p, present in (("hist", hist), ("heat", heat), ("steps", steps)) if present]
     if not panels:
         return None
     widths = {"hist": 5.2, "heat": 4.2, "steps": 4.2}
-    fig, axes = plt.subplots(1, len(panels), layout="constrained", squeeze=False,
-                             figsize=(sum(widths[p] for p in panels), 2.6),
+    width = sum(widths[p] for p in panels)
+    # fixed margins, not a layout engine: the engine's text measuring was ~60% of a figure
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(width, 2.6),
                              width_ratios=[widths[p] for p in panels])
+    fig.subplots_adjust(left=0.55 / width, right=1 - 0.15 / width, bottom=0.17, top=0.88,
+                        wspace=0.3)
     for ax, panel in zip(axes[0], panels):
         if panel == "hist":
             _histogram(ax, row, hist)
