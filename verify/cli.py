@@ -482,8 +482,14 @@ def _guarded(argv: list[str]) -> int:
             try:
                 code = child.wait()
                 break
-            except KeyboardInterrupt:  # the child got it too (same process group)
-                child.send_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                # Ctrl-C at a terminal reaches the child too (same process group): pass it
+                # on only if the child did not react, as when the parent alone was signalled
+                try:
+                    code = child.wait(timeout=10.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    child.send_signal(signal.SIGINT)
         if os.path.exists(marker):
             return code
     if code < 0:
