@@ -79,3 +79,25 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+def golden_blob(value: float, key: str) -> bytes:
+    """A golden blob as the store writes one: it names its key and what it was computed
+    from in its own metadata."""
+    import torch
+    from safetensors.torch import save
+    meta = {"op": "t", "golden_version": "v1", "inputs_sha": "i1"}
+    return save({"0/out": torch.full((4, 4), value, dtype=torch.float64)},
+                metadata={"key": key, "op": "t", "meta": json.dumps(meta)})
+
+
+def put_golden(url, key, data, token, meta='{"op": "t"}', announced=None, params=None):
+    """PUT ``data`` as the golden ``key`` (the BLAKE3 digest announced unless given)."""
+    import httpx
+
+    from verify.store import hash_bytes
+    headers = {"X-Content-BLAKE3": announced or hash_bytes(data), "X-Golden-Meta": meta}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.put(f"{url}/v1/goldens/{key}", content=data, headers=headers, timeout=30,
+                     params=params)

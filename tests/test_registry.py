@@ -11,13 +11,11 @@ import time
 import httpx
 import pandas as pd
 import pytest
-import torch
-from safetensors.torch import save as st_save
 
 import verify
 from verify.store import GoldenStore, hash_bytes
 
-from helpers import REPO, Service, run_cli, write_cases
+from helpers import REPO, Service, golden_blob, put_golden, run_cli, write_cases
 
 
 @pytest.fixture
@@ -31,11 +29,7 @@ KEY = "ab" * 32
 
 
 def blob(value: float = 1.0, key: str | None = None) -> bytes:
-    """A golden blob as the store writes one: it names its key and what it was computed
-    from in its own metadata."""
-    meta = {"op": "t", "golden_version": "v1", "inputs_sha": "i1"}
-    return st_save({"0/out": torch.full((4, 4), value, dtype=torch.float64)},
-                   metadata={"key": key or KEY, "op": "t", "meta": json.dumps(meta)})
+    return golden_blob(value, key or KEY)
 
 
 def sha(data: bytes) -> str:
@@ -43,10 +37,7 @@ def sha(data: bytes) -> str:
 
 
 def put(url, key, data, token="t0ken", announced=None):
-    headers = {"X-Content-BLAKE3": announced or sha(data), "X-Golden-Meta": json.dumps({"op": "t"})}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return httpx.put(f"{url}/v1/goldens/{key}", content=data, headers=headers, timeout=30)
+    return put_golden(url, key, data, token, announced=announced)
 
 
 def test_round_trip_and_read_endpoints(service):

@@ -9,31 +9,24 @@ import time
 
 import httpx
 import pytest
-import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 import verify
-from verify.store import GoldenStore, hash_bytes
+from verify.store import GoldenStore
 
-from helpers import Service, run_cli
+from helpers import Service, golden_blob, put_golden, run_cli
 
 KEY = "ab" * 32
 OTHER = "cd" * 32
 
 
-def blob(value: float, key: str = KEY, meta: dict | None = None) -> bytes:
-    meta = meta or {"op": "t", "golden_version": "v1", "inputs_sha": "i1"}
-    return st_save({"0/out": torch.full((4, 4), value, dtype=torch.float64)},
-                   metadata={"key": key, "op": "t", "meta": json.dumps(meta)})
+def blob(value: float, key: str = KEY) -> bytes:
+    return golden_blob(value, key)
 
 
-def put(url, key, data, token="w", meta='{"op": "t"}', params=None, **kw):
-    headers = {"X-Content-BLAKE3": hash_bytes(data), "X-Golden-Meta": meta}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return httpx.put(f"{url}/v1/goldens/{key}", content=data, headers=headers, timeout=30,
-                     params=params, **kw)
+def put(url, key, data, token="w", meta='{"op": "t"}', params=None):
+    return put_golden(url, key, data, token, meta=meta, params=params)
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,6 @@ def pytest_configure(config):
                                                              config.getoption("--run-id"))
         except ConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
-        config._verify_run_id = config._verify_run_dir.name
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -321,7 +320,7 @@ def pytest_sessionfinish(session, exitstatus):
     config._verify_rows = rows
     if not rows:
         return
-    meta = {"run_id": config._verify_run_id, "level": config.getoption("--level"),
+    meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
             "environment": results.environment(), "warnings": config._verify_warnings}
     results.write(rows, config._verify_run_dir, meta)
     if session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide

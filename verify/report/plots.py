@@ -29,9 +29,15 @@ plt.rcParams.update({"font.size": 8})
 DPI = 96
 # plain-text tick labels ("1e3", not mathtext's 10^3): parsing mathtext was a third of a
 # figure's time; no minor ticks on log axes (each tick is a set of artists to lay out)
-_PLAIN = FuncFormatter(lambda v, _pos: f"{v:.0e}".replace("e+0", "e").replace("e-0", "e-")
-                       .replace("e+", "e") if v and (abs(v) >= 1e4 or abs(v) < 1e-2)
-                       else f"{v:g}")
+def _plain_label(value: float, _pos=None) -> str:
+    """0.1, 1000, 1e4, 1e-3: short, no mathtext."""
+    if value and (abs(value) >= 1e4 or abs(value) < 1e-2):
+        mantissa, exponent = f"{value:.0e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{value:g}"
+
+
+_PLAIN = FuncFormatter(_plain_label)
 
 
 def _plain_log(axis) -> None:
