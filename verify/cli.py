@@ -184,7 +184,13 @@ def _parser() -> argparse.ArgumentParser:
 def _pytest_args(a) -> list[str]:
     # --opt=value forms and an explicit rootdir: pytest must not take option values (such
     # as --reports /tmp/x) for paths when it picks its rootdir
-    args = ["-p", "verify.pytest_plugin", "-p", "no:cacheprovider", f"--rootdir={os.getcwd()}",
+    # Only the plugins a run needs (PYTEST_DISABLE_PLUGIN_AUTOLOAD is set by cmd_run): other
+    # installed plugins (hypothesis, anyio, ...) cost start-up and per-test hooks in every
+    # worker. Assertion rewriting, log capture and the unraisable-exception plugin (two
+    # full garbage collections at exit) serve test suites, not a verify run.
+    args = ["-p", "verify.pytest_plugin", "-p", "xdist", "-p", "no:cacheprovider",
+            "-p", "no:logging", "-p", "no:unraisableexception", "-p", "no:threadexception",
+            "--assert=plain", f"--rootdir={os.getcwd()}",
             f"--level={a.level}"]
     for flag, values in (("--kernels", a.kernels), ("--backend", a.backend), ("--op", a.op),
                          ("--dtype", a.dtype)):
@@ -221,6 +227,7 @@ def cmd_run(a) -> int:
     selection.build(sel)  # usage errors surface here with exit 2
     selection.check_benchmark_backend(a.benchmark_backend)
     # the plugin sets up the golden store and registry; its usage errors map to 2 below
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # inherited by the xdist workers
     code = int(pytest.main(_pytest_args(a)))
     if code in (0, 1):
         return code

@@ -13,6 +13,7 @@ import contextlib
 import math
 import signal
 import threading
+import time
 
 # Per level when --case-timeout is not given: L0 is quick by contract; wider levels and
 # network shapes compute large float64 goldens. 0 (asked for) is no limit.
@@ -55,22 +56,61 @@ def _can_alarm() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
+class _Watchdog:
+    """One daemon thread per process that calls the armed ``on_stuck`` when its deadline
+    passes: starting a thread per case cost about a millisecond each."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._armed = None  # (deadline on the monotonic clock, on_stuck, seconds)
+        self._thread = None
+
+    def arm(self, seconds: float, on_stuck) -> None:
+        with self._cond:
+            self._armed = (time.monotonic() + seconds + STUCK_GRACE, on_stuck, seconds)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._watch, name="verify-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._armed = None
+            self._cond.notify()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                if self._armed is None:
+                    self._cond.wait()
+                    continue
+                deadline, on_stuck, seconds = self._armed
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._armed = None
+                self._cond.release()
+                try:
+                    on_stuck(seconds)
+                finally:
+                    self._cond.acquire()
+
+
+_WATCHDOG = _Watchdog()
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float, on_stuck=None):
     """Raise CaseTimeout in this thread after ``seconds`` (0: no limit); call
-    ``on_stuck(seconds)`` from a watchdog thread if the code is still running
+    ``on_stuck(seconds)`` from the watchdog thread if the code is still running
     STUCK_GRACE seconds later."""
     if not seconds or seconds <= 0:
         yield
         return
-    done = threading.Event()
-    watchdog = None
     if on_stuck is not None:
-        def watch():
-            if not done.wait(seconds + STUCK_GRACE):
-                on_stuck(seconds)
-        watchdog = threading.Thread(target=watch, name="verify-watchdog", daemon=True)
-        watchdog.start()
+        _WATCHDOG.arm(seconds, on_stuck)
     alarm = _can_alarm()
     if alarm:
         def on_alarm(signum, frame):
@@ -80,7 +120,8 @@ def time_limit(seconds: float, on_stuck=None):
     try:
         yield
     finally:
-        done.set()
+        if on_stuck is not None:
+            _WATCHDOG.disarm()
         if alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)

@@ -10,6 +10,7 @@ terminal summary (verdict first; ``-v`` for every row).
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import threading
 import time
@@ -23,6 +24,9 @@ from .errors import ConfigError
 
 _ROWS_KEY = "verify_rows"
 _WARNINGS_KEY = "verify_warnings"
+# when the run was configured, got its first and last case's rows and began its reports
+# (epoch seconds, in results.json's meta: where a run's time went)
+_TIMING: dict[str, float] = {}
 
 
 def pytest_addoption(parser):
@@ -115,6 +119,8 @@ def pytest_configure(config):
     config._verify_rows = []
     config._verify_by_name = {item_name(c, k): (c, k) for c, k in config._verify_plan.items}
     if not hasattr(config, "workerinput"):
+        _TIMING.clear()
+        _TIMING["configured"] = time.time()
         _PROGRESS[:] = [_Progress(config)]
         _CONFIG[:] = [config]
         try:
@@ -156,7 +162,9 @@ class CaseItem(pytest.Item):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         for r in rows:
             r["worker"] = worker
-        self.user_properties.append((_ROWS_KEY, rows))
+        # one pickled blob: xdist's wire format walks every dict and list item by item,
+        # which cost more than the cases themselves on an L0 run
+        self.user_properties.append((_ROWS_KEY, pickle.dumps(rows, protocol=5)))
         warnings = notices.drain()
         if warnings:  # past log capture, across xdist: the controller prints them
             self.user_properties.append((_WARNINGS_KEY, warnings))
@@ -234,6 +242,16 @@ class _Progress:
         tr.write_line(line)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "call" and isinstance(item, CaseItem):
+        # the call report holds the rows; the teardown report would carry them a second time
+        item.user_properties[:] = [p for p in item.user_properties
+                                   if p[0] not in (_ROWS_KEY, _WARNINGS_KEY)]
+    return report
+
+
 def pytest_runtest_logreport(report):
     # runs on the controller for every worker's report (and in a run without xdist)
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
@@ -242,8 +260,10 @@ def pytest_runtest_logreport(report):
     got_rows = False
     for key, value in getattr(report, "user_properties", ()):
         if key == _ROWS_KEY and report.when == "call":
-            _ROWS.extend(value)
+            _ROWS.extend(pickle.loads(value))
             got_rows = True
+            _TIMING.setdefault("first_result", time.time())
+            _TIMING["last_result"] = time.time()
         elif key == _WARNINGS_KEY and report.when == "call":
             _WARNINGS.update(dict.fromkeys(value))
     if report.failed and not got_rows:  # a crash, an exit, a failing setup: keep the cause
@@ -320,8 +340,11 @@ def pytest_sessionfinish(session, exitstatus):
     config._verify_rows = rows
     if not rows:
         return
+    timing = dict(_TIMING, reports_start=time.time())
+    _TIMING.clear()
     meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
-            "environment": results.environment(), "warnings": config._verify_warnings}
+            "environment": results.environment(), "warnings": config._verify_warnings,
+            "timing": timing}
     results.write(rows, config._verify_run_dir, meta)
     if session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide
         session.exitstatus = results.exit_status(rows)

@@ -16,11 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-from rich.console import Console
-from rich.table import Table
 
-from .metrics import Metrics
+from .metric_fields import Metrics
 
 FLOOR_COLUMNS = [f"floor_{k}" for k in
                  ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")]
@@ -78,7 +75,12 @@ def reserve_run_dir(reports: str | Path | None, run_id: str | None) -> Path:
     return run_dir
 
 
-def frame(rows: list[dict]) -> pd.DataFrame:
+# pandas and rich are imported where they are used: the xdist workers import this module
+# for the run folder's helpers only and should not pay for either at start-up.
+
+
+def frame(rows: list[dict]):
+    import pandas as pd
     df = pd.DataFrame(rows)
     for c in COLUMNS:
         if c not in df.columns:
@@ -285,7 +287,8 @@ def _kernel_label(r: dict) -> str:
     return r["backend"] if r["kernel"] == r["op"] else f"{r['backend']}:{r['kernel']}"
 
 
-def _row_table(rows: list[dict], title: str) -> Table:
+def _row_table(rows: list[dict], title: str):
+    from rich.table import Table
     table = Table(title=title, show_lines=False, header_style="bold")
     for col in ("op", "case", "kernel", "output", "verdict", "MERE", "MARE", "max abs",
                 "floor max abs", "why (non-PASS)"):
@@ -301,7 +304,8 @@ def _row_table(rows: list[dict], title: str) -> Table:
     return table
 
 
-def _per_kernel_table(rows: list[dict]) -> Table:
+def _per_kernel_table(rows: list[dict]):
+    from rich.table import Table
     """One line per op and kernel: how many cases and rows, and their verdicts."""
     groups: dict[tuple, dict] = {}
     for r in rows:
@@ -362,6 +366,8 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
     """The terminal summary, verdict first: a line per op and kernel, the rows that did
     not go as expected (SKIPs grouped by reason), warnings grouped per kernel, mutants,
     totals. ``verbose``: every row too."""
+    from rich.console import Console
+    from rich.table import Table
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
                       highlight=False)
