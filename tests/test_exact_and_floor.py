@@ -11,7 +11,8 @@ import torch
 import verify
 from verify.dtypes import round_once
 
-FORMATS = {torch.float16: (11, -14, 65504.0), torch.bfloat16: (8, -126, 3.3895313892515355e38)}
+FORMATS = {torch.float16: (11, -14, 65504.0), torch.bfloat16: (8, -126, 3.3895313892515355e38),
+           torch.float32: (24, -126, 3.4028234663852886e38)}
 
 
 def rational_round(x: float, dtype) -> float:
@@ -68,6 +69,32 @@ def test_the_floor_rounds_once_like_exact_arithmetic(dtype):
     via_torch = torch.from_numpy(values).to(dtype).double().tolist()
     if dtype == torch.float16:
         assert sum(a != b for a, b in zip(via_torch, want)) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32],
+                         ids=["fp16", "bf16", "fp32"])
+def test_the_metrics_pass_rounds_the_floor_on_the_fly_like_exact_arithmetic(dtype):
+    """The error floor is rounded inside the compiled metrics pass (no tensor of rounded
+    values): every value, tie, subnormal and overflow as the rational reference rounds it,
+    signed zeros included."""
+    from verify import metrics
+    rng = np.random.default_rng(7)
+    bits, emin, vmax = FORMATS[dtype]
+    top = int(math.log2(vmax)) + 2
+    exps = rng.integers(emin - bits - 2, top, 20000)
+    randoms = rng.uniform(1, 2, 20000) * np.exp2(exps) * np.where(rng.random(20000) < .5, -1, 1)
+    ties = (rng.integers(1 << bits, 1 << (bits + 1), 5000) + 0.5) * np.exp2(
+        rng.integers(-10, 10, 5000) - bits)
+    values = np.concatenate([randoms, ties, _edge_values(dtype), [0.0, -0.0, np.nan,
+                                                                  np.inf, -np.inf]])
+    got = np.empty_like(values)
+    metrics._round_range(values, values.view(np.int64), 0, len(values),
+                         metrics._rounding_of(dtype), got)
+    want = [rational_round(float(v), dtype) for v in values]
+    wrong = [(v, g, w) for v, g, w in zip(values, got.tolist(), want)
+             if not ((g == w and math.copysign(1, g) == math.copysign(1, w))
+                     or (math.isnan(g) and math.isnan(w)))]
+    assert not wrong, wrong[:5]
 
 
 def test_exact_on_floats_is_exact():

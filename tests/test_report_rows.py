@@ -4,6 +4,7 @@ import csv
 import textwrap
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 import torch
 
@@ -170,3 +171,48 @@ def test_the_compiled_histogram_gives_the_same_figures():
         a = (g * (1 + 1e-3 * torch.randn(g.shape, generator=gen, dtype=torch.float64))).to(dtype)
         a[:25], a[70:80], a[200:210] = 1.0, float("nan"), float("-inf")
         assert plotdata.histogram(a, g, dtype) == _histogram_by_torch(a, g, dtype), dtype
+
+
+def test_histogram_bins_hold_at_their_edges():
+    """The metrics pass bins by exponent tables, not log10 per element: values at and one
+    ulp either side of every bin edge land where floor((log10(rel) + 12) * 4) puts them."""
+    import math
+
+    from verify import metrics, plotdata
+    rels = []
+    for k in range(len(plotdata.EDGES)):
+        edge = 10.0 ** plotdata.EDGES[k]
+        for x in (edge, math.nextafter(edge, 0), math.nextafter(edge, math.inf),
+                  metrics._threshold(k + 1)):
+            rels += [x, math.nextafter(x, 0)]
+    rels = np.array(rels + [1e-300, 5e-324, 1e300, 2.0 ** -1022])
+    g = np.zeros(len(rels))
+    a = rels * 1e-7  # rel = |a| / (0 + 1e-7): within an ulp of the edges above
+    want = np.zeros(len(plotdata.EDGES) + 2, dtype=np.int64)
+    for av in a:
+        rel = abs(av - 0.0) / (0.0 + 1e-7)
+        if rel == 0:
+            want[len(plotdata.EDGES) - 1] += 1
+            continue
+        lg = math.log10(rel)
+        if lg < plotdata.EDGES[0]:
+            want[len(plotdata.EDGES)] += 1
+        elif lg >= plotdata.EDGES[-1]:
+            want[len(plotdata.EDGES) + 1] += 1
+        else:
+            # the product can round up to 60 just under 1e3: still the last bin
+            want[min(int(math.floor((lg - plotdata.EDGES[0]) * 4)), 59)] += 1
+    got = np.zeros(len(want), dtype=np.int64)
+    metrics._hist_range(a, g, 0, len(a), metrics._HIST_BASE, metrics._HIST_T1,
+                        metrics._HIST_T2, got)
+    assert got.tolist() == want.tolist()
+
+
+def test_every_float_output_gets_its_histogram_from_the_metrics_pass():
+    from verify import comparison, plotdata
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(3000, generator=gen, dtype=torch.float64)
+    a = (g * (1 + 1e-2 * torch.randn(g.shape, generator=gen, dtype=torch.float64))).bfloat16()
+    v = comparison.compare(a, g, dtype=torch.bfloat16, standard="cann_v1")
+    assert v.histogram == plotdata.histogram(a, g, torch.bfloat16)
+    assert v.histogram == _histogram_by_torch(a, g, torch.bfloat16)

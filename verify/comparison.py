@@ -15,7 +15,7 @@ from . import dtypes as dt
 from . import standards
 from .errors import ConfigError
 from . import benchmark as bm
-from .metrics import Metrics, exact_metrics, measure_pair
+from .metrics import Metrics, exact_metrics, measure_all, measure_pair
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Verdict:
     floor_margin: float = float("nan")  # the same for the correctly rounded golden
     spec: dict | None = None            # the standard with its params
     extra: dict = field(default_factory=dict)  # the benchmark standard's figures
+    histogram: dict | None = None  # the report's error histogram, from the metrics pass
 
     @property
     def passed(self) -> bool:
@@ -89,13 +90,15 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
                        m, None, standards.margin("exact", m, out_dtype), float("nan"),
                        {"name": "exact"})
     name = spec["name"]
-    m, f = measure_pair(actual, golden, out_dtype, atol=spec.get("atol"),
-                        rtol=spec.get("rtol"), floor=floor, scale=float(spec.get("scale", 1.0)))
+    m, f, hist = measure_all(actual, golden, out_dtype, atol=spec.get("atol"),
+                             rtol=spec.get("rtol"), floor=floor,
+                             scale=float(spec.get("scale", 1.0)))
     if name == "exact":  # bitwise, never through allclose's tolerances
         em = exact_metrics(actual, golden)
         ok, reason = standards.judge("exact", em, out_dtype, spec)
         return Verdict("PASS" if ok else "FAIL", "exact", reason, "", dt.name_of(out_dtype),
-                       m, f, standards.margin("exact", em, out_dtype, spec), float("nan"), spec)
+                       m, f, standards.margin("exact", em, out_dtype, spec), float("nan"), spec,
+                       histogram=hist)
     ok, reason = standards.judge(name, m, out_dtype, spec)
     warnings = []
     floor_margin = float("nan")
@@ -110,7 +113,8 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
             warnings.append(bias)
     warning = " | ".join(warnings)
     return Verdict("PASS" if ok else "FAIL", name, reason, warning, dt.name_of(out_dtype),
-                   m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec)
+                   m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec,
+                   histogram=hist)
 
 
 def compare_benchmark(actual: torch.Tensor, golden: torch.Tensor, bench: torch.Tensor,

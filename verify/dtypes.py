@@ -100,6 +100,14 @@ _ROUNDING = {
 }
 
 
+def rounding_params(dtype: torch.dtype) -> tuple[int, int, float] | None:
+    """(significand bits with the implicit one, smallest normal exponent, largest finite)
+    of fp16, bf16 and fp32, for rounding float64 values into them; None for others."""
+    if dtype == torch.float32:
+        return 24, -126, float(np.finfo(np.float32).max)
+    return _ROUNDING.get(dtype)
+
+
 def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float64 values rounded once, to nearest with ties to even, into ``dtype``:
     subnormals, ties and overflow to inf as IEEE 754 says. torch converts float64 to

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from numba.core import types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from . import dtypes as dt  # noqa: E402
+from .metric_fields import Metrics  # noqa: E402,F401  (re-exported)
 
 BLOCK = 1 << 16
 CHUNK = BLOCK * 64  # elements upcast at a time
@@ -54,6 +55,9 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
  C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, C_EPS_ABS, N_CONSTS) = range(14)
 
+from .histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, N_BINS  # noqa: E402
+
+N_BINS_ = N_BINS  # a global numba freezes as a constant
 _F64_EXP = np.int64(0x7FF0000000000000)
 _F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
 # NaN / Inf are classified from the bit patterns, so the float arithmetic below only ever
@@ -81,6 +85,17 @@ def _as_float(typingctx, bits):
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, x):
+    """The IEEE bits of a float64, as int64."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
 
     return sig, codegen
 
@@ -204,6 +219,120 @@ def _blocks(a, abits, aexp, aman, g, gbits, c, out):
         _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b])
 
 
+_ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_range(g, gbits, lo, hi, rp, r):
+    """r[j - lo] = g[j] rounded once, to nearest with ties to even, to a format of rp[0]
+    significand bits, smallest normal exponent rp[1] and largest finite rp[2] (IEEE:
+    subnormals, overflow to inf); float64 (53 bits) is copied. Not fast-math: g may hold
+    NaN and Inf, which pass through, and the rounding relies on exact float addition."""
+    bits, emin, vmax = np.int64(rp[0]), np.int64(rp[1]), rp[2]
+    if bits >= 53:
+        for j in range(lo, hi):
+            r[np.uint64(j - lo)] = g[np.uint64(j)]
+        return
+    for j in range(lo, hi):
+        i = np.uint64(j)  # unsigned indices: no wraparound test, so the loop vectorises
+        x = g[i]
+        e = ((gbits[i] >> 52) & 0x7FF) - 1023  # floor(log2|x|) for a normal float64
+        e = e if e > emin else emin
+        shift = e - (bits - 1)  # x / 2^shift has its units digit at the format's last bit
+        y = x * _as_float((1023 - shift) << 52)  # exact: a power of two, |y| < 2^bits
+        y = (y + _ROUND_MAGIC) - _ROUND_MAGIC  # to an integer, ties to even (|y| < 2^51)
+        y = y * _as_float((shift + 1023) << 52)
+        y = np.inf * np.sign(x) if abs(y) > vmax else y
+        r[np.uint64(j - lo)] = np.copysign(y, x) if abs(x) < np.inf else x
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _eb_range(x, g, gbits, lo, hi, rp, out):
+    """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
+    NumPy dtype (rounded on the fly by rp): out[0] += #(x > cast), out[1] += #(x < cast)."""
+    cast = np.empty(hi - lo)
+    _round_range(g, gbits, lo, hi, rp, cast)
+    gt = lt = 0
+    for j in range(hi - lo):
+        i = np.uint64(j)
+        xv = np.float64(x[i])
+        gt += 1 if xv > cast[i] else 0
+        lt += 1 if xv < cast[i] else 0
+    out[0] += gt
+    out[1] += lt
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _hist_range(x, g, lo, hi, base, t1, t2, out):
+    """Counts per bin of log10(d / (|g| + 1e-7)) (histbins: the bins, then zero, under,
+    over). The bin comes from the binary exponent of the relative error and at most two
+    thresholds in its octave (tables built from log10 itself, so the bins are those of
+    floor((log10(rel) - BIN_LO) * 4)): no logarithm per element, and a first loop without
+    branches computes every element's code before a second one counts them."""
+    codes = np.empty(hi - lo, dtype=np.uint8)
+    for j in range(lo, hi):
+        i = np.uint64(j)
+        av = np.float64(x[i])
+        gv = g[i]
+        a_nan = av != av
+        g_nan = gv != gv
+        special = a_nan | g_nan | (abs(av) == np.inf) | (abs(gv) == np.inf)
+        same = (a_nan & g_nan) | (av == gv)
+        rel = abs(av - gv) / (abs(gv) + 1e-7)
+        e = np.uint64((_bits_f64(rel) >> 52) & 0x7FF)
+        k = base[e] + (1 if rel >= t1[e] else 0) + (1 if rel >= t2[e] else 0)
+        k = k if k <= N_BINS_ + 1 else N_BINS_ + 1  # 0: under, 1..N_BINS: bins, then over
+        k = N_BINS_ + 2 if rel == 0.0 else k  # exact
+        codes[np.uint64(j - lo)] = (N_BINS_ + 2 if same else N_BINS_ + 1) if special else k
+    # four sets of counters, so that runs of equal codes do not wait on each other
+    quad = np.zeros((4, 64), dtype=np.int64)
+    m = hi - lo
+    for j in range(0, m - 3, 4):
+        i = np.uint64(j)
+        quad[0, np.uint64(codes[i])] += 1
+        quad[1, np.uint64(codes[i + np.uint64(1)])] += 1
+        quad[2, np.uint64(codes[i + np.uint64(2)])] += 1
+        quad[3, np.uint64(codes[i + np.uint64(3)])] += 1
+    for j in range(m - m % 4, m):
+        quad[0, np.uint64(codes[np.uint64(j)])] += 1
+    counts = quad[0] + quad[1] + quad[2] + quad[3]
+    for k in range(N_BINS_):
+        out[k] += counts[k + 1]
+    out[N_BINS_] += counts[N_BINS_ + 2]
+    out[N_BINS_ + 1] += counts[0]
+    out[N_BINS_ + 2] += counts[N_BINS_ + 1]
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
+                 base, t1, t2):
+    """Per block: the kernel's metrics and error balance counts, then (out_f not empty)
+    the golden rounded to the output dtype and its metrics and counts, then (hist not
+    empty) both histograms, all while the block is in cache. eb[b] holds the kernel's
+    counts (0, 1) and the floor's (2, 3)."""
+    n = a.shape[0]
+    floor = out_f.shape[0] > 0
+    counts = hist.shape[0] > 0
+    same_format = rp[0] == rp_eb[0]  # the floor is exactly the golden cast for msprobe
+    for b in prange(out.shape[0]):
+        lo = b * BLOCK
+        hi = min(lo + BLOCK, n)
+        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b])
+        _eb_range(a[lo:hi], g, gbits, lo, hi, rp_eb, eb[b, 0:2])
+        if counts:
+            _hist_range(a, g, lo, hi, base, t1, t2, hist[b, 0])
+        if floor:
+            r = np.empty(hi - lo)
+            _round_range(g, gbits, lo, hi, rp, r)
+            gb = g[lo:hi]
+            _block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
+                   out_f[b])
+            if not same_format:
+                _eb_range(r, g, gbits, lo, hi, rp_eb, eb[b, 2:4])
+            if counts:
+                _hist_range(r, gb, 0, hi - lo, base, t1, t2, hist[b, 1])
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _argmax_in(a, g, lo, hi, eps_cann):
     """Index of the largest |a - g| and of the largest CANN relative error in [lo, hi)."""
@@ -240,47 +369,6 @@ def _combine(parts: np.ndarray) -> np.ndarray:
     if acc[N_ZERO_G_BAD] > 0:
         acc[MAX_REL] = np.inf
     return acc
-
-
-@dataclass
-class Metrics:
-    """Metrics of one output against its golden; every field is a plain number."""
-
-    n: int
-    nan_inf_mismatch: int
-    mere: float
-    mare: float
-    max_abs: float
-    max_rel: float
-    rmse: float
-    cosine: float
-    eb: float
-    eb_mean: float
-    mag_bias: float  # (#|a|<|g| - #|a|>|g|) / inexact: ~0 rounding to nearest, ~1 truncating
-    ulp_max: float
-    ulp_mean: float
-    ulp_gt1_ratio: float
-    ulp_gt32_ratio: float
-    small_count: int
-    small_err_ratio: float
-    rel_err_ratio: float
-    hundredth: float
-    thousandth: float
-    ten_thousandth: float
-    v2_match_ratio: float
-    allclose_mismatch: int
-    tol_ratio: float  # max of d / (atol + rtol|g|): allclose passes when <= 1
-    atol: float
-    rtol: float
-    argmax_abs: int
-    argmax_rel: int
-
-    def as_dict(self, prefix: str = "") -> dict:
-        return {prefix + k: v for k, v in asdict(self).items()}
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 def _finish(acc: np.ndarray, atol: float, rtol: float) -> Metrics:
@@ -323,6 +411,55 @@ def _finish(acc: np.ndarray, atol: float, rtol: float) -> Metrics:
         argmax_abs=int(acc[ARG_ABS]),
         argmax_rel=int(acc[ARG_REL]),
     )
+
+
+def _bin_of(rel: float) -> int:
+    """0: under the bins, 1..N_BINS: bin k-1, N_BINS+1: over (rel > 0, finite)."""
+    lg = math.log10(rel)
+    if lg < BIN_LO:
+        return 0
+    if lg >= BIN_HI:
+        return N_BINS + 1
+    # (lg - BIN_LO) * 4 can round up to N_BINS just under BIN_HI: that is the last bin
+    return min(int(math.floor((lg - BIN_LO) * BINS_PER_DECADE)), N_BINS - 1) + 1
+
+
+def _threshold(k: int) -> float:
+    """The smallest positive float64 whose bin is >= k, found among the bit patterns
+    (positive floats sort as their bits): exactly the boundary log10 draws."""
+    lo = np.int64(np.float64(10.0 ** (BIN_LO + (k - 1) / BINS_PER_DECADE) / 2).view(np.int64))
+    hi = np.int64(np.float64(10.0 ** (BIN_LO + (k - 1) / BINS_PER_DECADE) * 2).view(np.int64))
+    while hi - lo > 1:  # _bin_of(lo) < k <= _bin_of(hi)
+        mid = lo + (hi - lo) // 2
+        if _bin_of(float(np.int64(mid).view(np.float64))) >= k:
+            hi = mid
+        else:
+            lo = mid
+    return float(np.int64(hi).view(np.float64))
+
+
+def _histogram_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per float64 exponent field: the bin code of the octave's start, and the (at most
+    two) thresholds inside the octave (inf: none)."""
+    thresholds = [_threshold(k) for k in range(1, N_BINS + 2)]
+    base = np.zeros(2048, dtype=np.int64)
+    t1 = np.full(2048, np.inf)
+    t2 = np.full(2048, np.inf)
+    for field in range(2048):
+        start = float(np.int64(field << 52).view(np.float64)) if field < 2047 else math.inf
+        end = float(np.int64((field + 1) << 52).view(np.float64)) if field < 2046 else math.inf
+        base[field] = sum(t < start for t in thresholds) if field else 0
+        inside = [t for t in thresholds if start <= t < end] if field else \
+            [t for t in thresholds if t < end]
+        assert len(inside) <= 2, "a quarter decade is wider than half an octave"
+        if inside:
+            t1[field] = inside[0]
+        if len(inside) > 1:
+            t2[field] = inside[1]
+    return base, t1, t2
+
+
+_HIST_BASE, _HIST_T1, _HIST_T2 = _histogram_tables()
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -390,6 +527,19 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
     ``scale`` widens the tolerances (atol / rtol, CANN v2's atol / rtol) for outputs
     that sum many terms (reduction gradients).
     """
+    m_a, m_f, _ = measure_all(actual, golden, dtype, atol, rtol, floor, scale, hist=False)
+    return m_a, m_f
+
+
+def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
+                atol: float | None = None, rtol: float | None = None, floor: bool = True,
+                scale: float = 1.0, hist: bool = True
+                ) -> tuple[Metrics, Metrics | None, dict | None]:
+    """``measure_pair`` and the report's error histogram in the same pass over the data:
+    each block of 64Ki elements is read once, the golden is rounded to the output dtype
+    on the fly (the error floor) and both get their metrics and histogram counts while
+    the block is in cache. Returns (kernel metrics, floor metrics, histogram); the
+    histogram is {'actual': counts, 'floor': counts} (plotdata.histogram's layout)."""
     dtype = dtype or actual.dtype
     d_atol, d_rtol = default_tolerances(dtype)
     atol = (d_atol if atol is None else float(atol)) * scale
@@ -399,10 +549,81 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
     if a.numel() != g.numel():
         raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
     c = _constants(dtype, atol, rtol, scale)
+    rounding = _rounding_of(dtype)
+    if rounding is None:  # a float dtype without on-the-fly rounding: two passes
+        return _measure_two_passes(a, g, dtype, c, atol, rtol, floor, hist)
+    rp = rounding if floor else np.zeros(3)
     acc_a, acc_f = [], []
+    hists = np.zeros((2, N_BINS + 3), dtype=np.int64)
     best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, chunk start, block
     total = a.numel()
     eb_a, eb_f = [0, 0], [0, 0]
+    rp_eb = _rounding_of(_msprobe_dtype(dtype))
+    for start in range(0, total, CHUNK):
+        stop = min(start + CHUNK, total)
+        g_np = g[start:stop].numpy()
+        a_np = _host_view(a[start:stop])
+        abits, aexp, aman = _bits_of(a_np)
+        n_blocks = -(-a_np.shape[0] // BLOCK)
+        parts = np.empty((n_blocks, N_SLOTS))
+        parts_f = np.empty((n_blocks if floor else 0, N_SLOTS))
+        hist_blocks = np.zeros((n_blocks if hist else 0, 2, N_BINS + 3), dtype=np.int64)
+        eb_blocks = np.zeros((n_blocks, 4), dtype=np.int64)
+        _pair_blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb,
+                     parts, parts_f, hist_blocks, eb_blocks, _HIST_BASE, _HIST_T1, _HIST_T2)
+        acc_a.append(parts)
+        if hist:
+            hists += hist_blocks.sum(axis=0)
+        eb_a[0] += int(eb_blocks[:, 0].sum())
+        eb_a[1] += int(eb_blocks[:, 1].sum())
+        for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
+            b = int(np.argmax(parts[:, slot])) if len(parts) else -1
+            if b >= 0 and parts[b, slot] > best[key][0]:
+                best[key] = (parts[b, slot], start, b)
+        if floor:
+            acc_f.append(parts_f)
+            eb_f[0] += int(eb_blocks[:, 2].sum())
+            eb_f[1] += int(eb_blocks[:, 3].sum())
+    combined = _combine(np.concatenate(acc_a) if acc_a else _EMPTY)
+    _locate_argmax(combined, best, a, g, c, total)
+    m_a = replace(_finish(combined, atol, rtol),
+                  eb=abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
+    m_f = None
+    if floor:
+        m_f = replace(_finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol),
+                      eb=abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
+    histogram = None
+    if hist:
+        histogram = {"actual": _hist_dict(hists[0])}
+        if floor:
+            histogram["floor"] = _hist_dict(hists[1])
+    return m_a, m_f, histogram
+
+
+_EMPTY = np.empty((0, N_SLOTS))
+
+
+def _locate_argmax(combined: np.ndarray, best: dict, a, g, c, total: int) -> None:
+    """The element index of the largest |a - g| and relative error: found again inside
+    the one block that holds each maximum."""
+    for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
+        _, start, b = best[key]
+        if b >= 0:
+            stop = min(start + CHUNK, total)
+            a_np = _host_view(a[start:stop])
+            lo, hi = b * BLOCK, min((b + 1) * BLOCK, stop - start)
+            i_d, i_r = _argmax_in(a_np, g[start:stop].numpy(), lo, hi, c[C_EPS_CANN])
+            combined[slot] = start + (i_d if key == "abs" else i_r)
+
+
+def _measure_two_passes(a, g, dtype, c, atol, rtol, floor, hist):
+    """A float dtype that cannot be rounded on the fly: the floor rounded by torch, then
+    measured in a second pass."""
+    total = a.numel()
+    acc_a, acc_f = [], []
+    best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}
+    eb_a, eb_f = [0, 0], [0, 0]
+    hists = np.zeros((2, N_BINS + 3), dtype=np.int64)
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
         g_np = g[start:stop].numpy()
@@ -415,38 +636,63 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
             b = int(np.argmax(parts[:, slot])) if len(parts) else -1
             if b >= 0 and parts[b, slot] > best[key][0]:
                 best[key] = (parts[b, slot], start, b)
+        pairs = [(0, a_np)]
         if floor:
             rounded = dt.round_once(g[start:stop], dtype)
-            acc_f.append(_run_blocks(_host_view(rounded), g_np, c))
+            r_np = _host_view(rounded)
+            acc_f.append(_run_blocks(r_np, g_np, c))
             for i, v in enumerate(_eb_counts(_msprobe_view(rounded), g_np)):
                 eb_f[i] += v
-    empty = np.empty((0, N_SLOTS))
-    combined = _combine(np.concatenate(acc_a) if acc_a else empty)
-    for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
-        _, start, b = best[key]
-        if b >= 0:
-            stop = min(start + CHUNK, total)
-            a_np = _host_view(a[start:stop])
-            lo, hi = b * BLOCK, min((b + 1) * BLOCK, stop - start)
-            i_d, i_r = _argmax_in(a_np, g[start:stop].numpy(), lo, hi, c[C_EPS_CANN])
-            combined[slot] = start + (i_d if key == "abs" else i_r)
+            pairs.append((1, r_np))
+        if hist:
+            for k, x in pairs:
+                _hist_range(x.astype(np.float64), g_np, 0, x.shape[0], _HIST_BASE, _HIST_T1,
+                            _HIST_T2, hists[k])
+    combined = _combine(np.concatenate(acc_a) if acc_a else _EMPTY)
+    _locate_argmax(combined, best, a, g, c, total)
     m_a = replace(_finish(combined, atol, rtol),
                   eb=abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
-    m_f = None
+    m_f = histogram = None
     if floor:
-        m_f = replace(_finish(_combine(np.concatenate(acc_f) if acc_f else empty), atol, rtol),
+        m_f = replace(_finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol),
                       eb=abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
-    return m_a, m_f
+    if hist:
+        histogram = {"actual": _hist_dict(hists[0])}
+        if floor:
+            histogram["floor"] = _hist_dict(hists[1])
+    return m_a, m_f, histogram
 
 
 def _run_blocks(a_np: np.ndarray, g_np: np.ndarray, c: np.ndarray) -> np.ndarray:
-    if a_np.dtype == np.float32:
-        abits, aexp, aman = a_np.view(np.int32), np.int64(0x7F800000), np.int64(0x007FFFFF)
-    else:
-        abits, aexp, aman = a_np.view(np.int64), _F64_EXP, _F64_MAN
+    abits, aexp, aman = _bits_of(a_np)
     out = np.empty((-(-a_np.shape[0] // BLOCK), N_SLOTS))
     _blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, out)
     return out
+
+
+def _hist_dict(counts: np.ndarray) -> dict:
+    return {"counts": counts[:N_BINS].tolist(), "zero": int(counts[N_BINS]),
+            "under": int(counts[N_BINS + 1]), "over": int(counts[N_BINS + 2])}
+
+
+def _msprobe_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The NumPy dtype msprobe holds an output in: fp16 stays, bf16 becomes float32."""
+    return dtype if dtype in (torch.float16, torch.float32, torch.float64) else torch.float32
+
+
+def _rounding_of(dtype: torch.dtype) -> np.ndarray | None:
+    """(significand bits, smallest normal exponent, largest finite) of a float dtype for
+    on-the-fly rounding; bits 53 (float64) means no rounding; None: not supported."""
+    if dtype == torch.float64:
+        return np.array([53.0, -1022.0, float(np.finfo(np.float64).max)])
+    params = dt.rounding_params(dtype)
+    return None if params is None else np.array([float(x) for x in params])
+
+
+def _bits_of(a_np: np.ndarray):
+    if a_np.dtype == np.float32:
+        return a_np.view(np.int32), np.int64(0x7F800000), np.int64(0x007FFFFF)
+    return a_np.view(np.int64), _F64_EXP, _F64_MAN
 
 
 def measure(actual: torch.Tensor, golden: torch.Tensor, **kw) -> Metrics:

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from numba import njit, prange
 
-from . import dtypes as dt
-from . import metrics  # noqa: F401  (sets numba's cache folder before anything compiles)
+from .histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, EDGES  # noqa: F401  (re-exported)
+from . import metrics
 
-BIN_LO, BIN_HI, BINS_PER_DECADE = -12, 3, 4
-EDGES = [BIN_LO + i / BINS_PER_DECADE for i in range((BIN_HI - BIN_LO) * BINS_PER_DECADE + 1)]
 GRID = 32
 CHUNK = 1 << 22
 
@@ -39,63 +35,14 @@ def _error(a: torch.Tensor, g: torch.Tensor, atol=None, rtol=None) -> torch.Tens
 
 
 
-N_BINS = len(EDGES) - 1
-HIST_BLOCK = 1 << 16
-
-
-@njit(cache=True, parallel=True, nogil=True)
-def _hist_blocks(a, g, out):
-    """Per block of HIST_BLOCK elements: counts per bin of log10(d / (|g| + 1e-7)), then
-    zero (exact, or the same NaN / Inf), under and over (misplaced NaN / Inf count as
-    over). One pass, compiled: the report's histogram costs a fraction of the metrics."""
-    n = a.shape[0]
-    n_blocks = out.shape[0]
-    for b in prange(n_blocks):
-        lo = b * HIST_BLOCK
-        hi = min(n, lo + HIST_BLOCK)
-        for i in range(lo, hi):
-            av = a[i]
-            gv = g[i]
-            a_nan = av != av
-            g_nan = gv != gv
-            if a_nan or g_nan:
-                out[b, N_BINS + (0 if a_nan and g_nan else 2)] += 1
-                continue
-            if np.isinf(av) or np.isinf(gv):
-                out[b, N_BINS + (0 if av == gv else 2)] += 1
-                continue
-            rel = abs(av - gv) / (abs(gv) + 1e-7)
-            if rel == 0.0:
-                out[b, N_BINS] += 1
-                continue
-            lg = np.log10(rel)
-            if lg < BIN_LO:
-                out[b, N_BINS + 1] += 1
-            elif lg >= BIN_HI:
-                out[b, N_BINS + 2] += 1
-            else:
-                out[b, int(np.floor((lg - BIN_LO) * BINS_PER_DECADE))] += 1
-
-
-def _counts(a: np.ndarray, g: np.ndarray) -> dict:
-    out = np.zeros((max(1, -(-a.shape[0] // HIST_BLOCK)), N_BINS + 3), dtype=np.int64)
-    if a.shape[0]:
-        _hist_blocks(a, g, out)
-    total = out.sum(axis=0)
-    return {"counts": total[:N_BINS].tolist(), "zero": int(total[N_BINS]),
-            "under": int(total[N_BINS + 1]), "over": int(total[N_BINS + 2])}
 
 
 def histogram(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) -> dict:
     """Counts per bin of log10(rel error) on EDGES, for the kernel and for the error
     floor; 'zero' counts exact elements, 'under' / 'over' those below / above the bins
-    (misplaced NaN / Inf count as over)."""
-    a = actual.detach().cpu().reshape(-1)
-    g = golden.detach().cpu().to(torch.float64).reshape(-1)
-    g_np = g.contiguous().numpy()
-    out = {"actual": _counts(a.to(torch.float64).contiguous().numpy(), g_np)}
-    out["floor"] = _counts(dt.round_once(g, dtype).to(torch.float64).contiguous().numpy(), g_np)
-    return out
+    (misplaced NaN / Inf count as over). ``verify.compare`` gives the same counts with
+    its metrics (one pass); this is for a histogram alone."""
+    return metrics.measure_all(actual, golden, dtype, floor=True, hist=True)[2]
 
 
 def heatmap(actual: torch.Tensor, golden: torch.Tensor, atol: float | None = None,

@@ -28,7 +28,6 @@ from . import deadline, golden_source, plotdata, triton_probe
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 DIFF_ROWS = 10
 PLOT_MARGIN = 0.1       # outputs this close to failing get a heat map too
-CHEAP_PLOT = 1 << 20    # outputs this small always get a histogram
 
 
 def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> dict:
@@ -629,13 +628,14 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
 
 
 def _plot_data(row, actual, golden, out_dtype, verdict) -> None:
-    """Histogram and heat map for the report: failing and near-failing outputs, and the
-    histogram of every small one (so a report can rank and show the worst)."""
+    """Histogram and heat map for the report: the histogram of every output comes with
+    its metrics (the same pass); the heat map, a pass of its own, for failing and
+    near-failing outputs."""
     if not out_dtype.is_floating_point:
         return
+    if verdict.histogram is not None:
+        row["histogram"] = verdict.histogram
     near = not verdict.passed or not (verdict.margin < PLOT_MARGIN)
-    if near or actual.numel() <= CHEAP_PLOT:
-        row["histogram"] = plotdata.histogram(actual, golden, out_dtype)
     if near:
         allclose = verdict.standard == "allclose"
         row["heatmap"] = plotdata.heatmap(actual, golden,

@@ -14,19 +14,24 @@ import math
 import os
 from pathlib import Path
 
-import matplotlib
+from ..histbins import EDGES
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
-
-from .. import dtypes as dt  # noqa: E402
-from ..plotdata import EDGES  # noqa: E402
-
-plt.rcParams.update({"font.size": 8})
 DPI = 96
+_PLT = []  # matplotlib's pyplot, imported on the first figure not found in the cache
+
+
+def _pyplot():
+    """matplotlib (Agg) on first use: a rebuild whose figures are all cached, and a run
+    with nothing to plot, never pay its ~0.5 s import."""
+    if not _PLT:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        plt.rcParams.update({"font.size": 8})
+        _PLT.append(plt)
+    return _PLT[0]
+
+
 # plain-text tick labels ("1e3", not mathtext's 10^3): parsing mathtext was a third of a
 # figure's time; no minor ticks on log axes (each tick is a set of artists to lay out)
 def _plain_label(value: float, _pos=None) -> str:
@@ -37,16 +42,15 @@ def _plain_label(value: float, _pos=None) -> str:
     return f"{value:g}"
 
 
-_PLAIN = FuncFormatter(_plain_label)
-
-
 def _plain_log(axis) -> None:
-    axis.set_major_formatter(_PLAIN)
+    from matplotlib.ticker import FuncFormatter, NullLocator
+    axis.set_major_formatter(FuncFormatter(_plain_label))
     axis.set_minor_locator(NullLocator())
 
 
 def thresholds(row: dict) -> list[tuple[float, str]]:
     """Relative-error lines of the deciding standard, for the histogram."""
+    from .. import dtypes as dt
     std, dtype = row.get("standard"), row.get("out_dtype")
     try:
         tr = dt.traits(dt.to_torch(dtype))
@@ -66,6 +70,7 @@ def thresholds(row: dict) -> list[tuple[float, str]]:
 
 
 def _histogram(ax, row: dict, data: dict) -> None:
+    import numpy as np
     edges = np.asarray(EDGES)
     for name, color, label in (("floor", "#9aa5b1", "error floor (golden rounded)"),
                                ("actual", "#d9480f", "kernel")):
@@ -87,6 +92,9 @@ def _histogram(ax, row: dict, data: dict) -> None:
 
 
 def _heatmap(fig, ax, data: dict) -> None:
+    import numpy as np
+    from matplotlib.colors import LogNorm
+    from matplotlib.ticker import LogLocator
     grid = np.maximum(np.asarray(data["grid"], dtype=float), 1e-30)
     hi = float(grid.max())
     lo = min(max(float(grid.min()), hi * 1e-12, 1e-30), hi / 10)  # uniform grids stay bright
@@ -102,6 +110,7 @@ def _heatmap(fig, ax, data: dict) -> None:
 
 
 def _steps(ax, steps: list[dict]) -> None:
+    import numpy as np
     x = [s["step"] for s in steps]
     for key, color in (("max_abs", "#d9480f"), ("rmse", "#1c7ed6"), ("mare", "#2b8a3e")):
         ys = [s[key] if isinstance(s.get(key), (int, float)) and s[key] > 0 else np.nan
@@ -151,6 +160,7 @@ def _render(row: dict) -> str | None:
     widths = {"hist": 5.2, "heat": 4.2, "steps": 4.2}
     width = sum(widths[p] for p in panels)
     # fixed margins, not a layout engine: the engine's text measuring was ~60% of a figure
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(width, 2.6),
                              width_ratios=[widths[p] for p in panels])
     fig.subplots_adjust(left=0.55 / width, right=1 - 0.15 / width, bottom=0.17, top=0.88,
