@@ -274,16 +274,15 @@ def _hist_range(x, g, lo, hi, base, t1, t2, out):
         i = np.uint64(j)
         av = np.float64(x[i])
         gv = g[i]
-        a_nan = av != av
-        g_nan = gv != gv
-        special = a_nan | g_nan | (abs(av) == np.inf) | (abs(gv) == np.inf)
-        same = (a_nan & g_nan) | (av == gv)
+        # NaN and Inf need no test of their own: the same NaN or Inf in the same place is
+        # 'same' (exact); otherwise rel is NaN or Inf, whose exponent field (2047) the
+        # tables send over the bins
+        same = (av == gv) | ((av != av) & (gv != gv))
         rel = abs(av - gv) / (abs(gv) + 1e-7)
         e = np.uint64((_bits_f64(rel) >> 52) & 0x7FF)
         k = base[e] + (1 if rel >= t1[e] else 0) + (1 if rel >= t2[e] else 0)
         k = k if k <= N_BINS_ + 1 else N_BINS_ + 1  # 0: under, 1..N_BINS: bins, then over
-        k = N_BINS_ + 2 if rel == 0.0 else k  # exact
-        codes[np.uint64(j - lo)] = (N_BINS_ + 2 if same else N_BINS_ + 1) if special else k
+        codes[np.uint64(j - lo)] = N_BINS_ + 2 if (same | (rel == 0.0)) else k
     # four sets of counters, so that runs of equal codes do not wait on each other
     quad = np.zeros((4, 64), dtype=np.int64)
     m = hi - lo
