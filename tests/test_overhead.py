@@ -58,4 +58,4 @@ def test_a_rebuilt_report_reuses_its_figures(tmp_path, monkeypatch):
     results.write_views(rows, run.run_dir, meta)
     assert rendered == []
     page = (run.run_dir / "report.html").read_text()
-    assert "data:image/png;base64," in page
+    assert "data:image/svg+xml;base64," in page

@@ -52,7 +52,7 @@ def test_failing_outputs_get_diff_tables_and_plots(run_dir):
     fails = [i for i, v in details if v == "FAIL"]
     assert fails and len(details) <= html.MAX_FAILING_DETAILS + html.MAX_WORST_PASSING
     assert text.count('class="difftable"') >= len(fails)
-    assert text.count('src="data:image/png;base64,') >= len(fails)
+    assert text.count('src="data:image/svg+xml;base64,') >= len(fails)
 
 
 def test_plot_data_is_kept_for_failing_outputs(run_dir):
