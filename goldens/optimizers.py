@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 
 import torch
+from numba.extending import register_jitable
 
 from verify.registry import InputSpec, OutputSpec, declare_op
 
 from . import optimizer_checks as checks
-from .chunked import elementwise, row_chunks, squared_norm
+from .chunked import elementwise, row_chunks, sign, sqrt, squared_norm
 
 F32 = "fp32"
 _NONNEG_STATE = {"dist": "uniform", "low": 0.0, "high": 0.01}
@@ -27,11 +28,21 @@ def _grad() -> InputSpec:
 def _adam_direction(w, g, m, v, beta1, beta2, eps, weight_decay, step):
     """Adam moments and the decoupled-decay direction m_hat / (sqrt(v_hat) + eps) + wd*w,
     shared by AdamW and LAMB; bias corrections are host-side scalars 1 - beta**step."""
-    bc1 = 1.0 - beta1 ** step
-    bc2 = 1.0 - beta2 ** step
+    return _adam_terms(w, g, m, v, beta1, beta2, eps, weight_decay,
+                       1.0 - beta1 ** step, 1.0 - beta2 ** step)
+
+
+@register_jitable(inline="always")  # also callable from the compiled (fused) formula
+def _adam_terms(w, g, m, v, beta1, beta2, eps, weight_decay, bc1, bc2):
     m_t = beta1 * m + (1.0 - beta1) * g
     v_t = beta2 * v + (1.0 - beta2) * g * g
-    return (m_t / bc1) / (torch.sqrt(v_t / bc2) + eps) + weight_decay * w, m_t, v_t
+    return (m_t / bc1) / (sqrt(v_t / bc2) + eps) + weight_decay * w, m_t, v_t
+
+
+def _adam_w_one(w, g, m, v, p):
+    beta1, beta2, lr, weight_decay, eps, bc1, bc2 = p
+    update, m_t, v_t = _adam_terms(w, g, m, v, beta1, beta2, eps, weight_decay, bc1, bc2)
+    return w - lr * update, m_t, v_t
 
 
 # -- AdamW -----------------------------------------------------------------------------
@@ -53,12 +64,8 @@ def _adam_direction(w, g, m, v, beta1, beta2, eps, weight_decay, step):
 )
 def apply_adam_w_v2(weight, grad, m, v, *, beta1, beta2, lr, weight_decay, eps, step):
     """AdamW step: w - lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)."""
-
-    def one(w, g, m_, v_):
-        update, m_t, v_t = _adam_direction(w, g, m_, v_, beta1, beta2, eps, weight_decay, step)
-        return w - lr * update, m_t, v_t
-
-    return elementwise(one, weight, grad, m, v, n_out=3)
+    params = (beta1, beta2, lr, weight_decay, eps, 1.0 - beta1 ** step, 1.0 - beta2 ** step)
+    return elementwise(_adam_w_one, weight, grad, m, v, n_out=3, params=params)
 
 
 # -- RMSProp ---------------------------------------------------------------------------
@@ -77,12 +84,15 @@ def apply_adam_w_v2(weight, grad, m, v, *, beta1, beta2, lr, weight_decay, eps, 
     description="ApplyRMSProp (TensorFlow ApplyRMSProp semantics): eps inside the sqrt.",
 )
 def apply_rms_prop(var, ms, mom, grad, *, lr, rho, momentum, epsilon):
-    def one(var_, ms_, mom_, g):
-        ms_new = ms_ + (g * g - ms_) * (1.0 - rho)
-        mom_new = mom_ * momentum + (g * lr) / torch.sqrt(ms_new + epsilon)
-        return var_ - mom_new, ms_new, mom_new
+    return elementwise(_rms_prop_one, var, ms, mom, grad, n_out=3,
+                       params=(lr, rho, momentum, epsilon))
 
-    return elementwise(one, var, ms, mom, grad, n_out=3)
+
+def _rms_prop_one(var_, ms_, mom_, g, p):
+    lr, rho, momentum, epsilon = p
+    ms_new = ms_ + (g * g - ms_) * (1.0 - rho)
+    mom_new = mom_ * momentum + (g * lr) / sqrt(ms_new + epsilon)
+    return var_ - mom_new, ms_new, mom_new
 
 
 # -- Proximal gradient descent ---------------------------------------------------------
@@ -140,13 +150,16 @@ def apply_proximal_gradient_descent(var, alpha, l1, l2, delta):
 )
 def sgd_momentum(weight, grad, momentum_buffer, *, lr, momentum, dampening, weight_decay,
                  nesterov):
-    def one(w, g, buf):
-        g = g + weight_decay * w
-        buf_new = momentum * buf + (1.0 - dampening) * g
-        step_dir = g + momentum * buf_new if nesterov else buf_new
-        return w - lr * step_dir, buf_new
+    return elementwise(_sgd_momentum_one, weight, grad, momentum_buffer, n_out=2,
+                       params=(lr, momentum, dampening, weight_decay, float(bool(nesterov))))
 
-    return elementwise(one, weight, grad, momentum_buffer, n_out=2)
+
+def _sgd_momentum_one(w, g, buf, p):
+    lr, momentum, dampening, weight_decay, nesterov = p
+    g = g + weight_decay * w
+    buf_new = momentum * buf + (1.0 - dampening) * g
+    step_dir = g + momentum * buf_new if nesterov else buf_new
+    return w - lr * step_dir, buf_new
 
 
 # -- AdaGrad ---------------------------------------------------------------------------
@@ -166,13 +179,15 @@ def sgd_momentum(weight, grad, momentum_buffer, *, lr, momentum, dampening, weig
 )
 def adagrad(weight, grad, state_sum, *, lr, lr_decay, weight_decay, eps, step):
     clr = lr / (1.0 + (step - 1) * lr_decay)
+    return elementwise(_adagrad_one, weight, grad, state_sum, n_out=2,
+                       params=(clr, weight_decay, eps))
 
-    def one(w, g, s):
-        g = g + weight_decay * w
-        s_new = s + g * g
-        return w - clr * g / (torch.sqrt(s_new) + eps), s_new
 
-    return elementwise(one, weight, grad, state_sum, n_out=2)
+def _adagrad_one(w, g, s, p):
+    clr, weight_decay, eps = p
+    g = g + weight_decay * w
+    s_new = s + g * g
+    return w - clr * g / (sqrt(s_new) + eps), s_new
 
 
 # -- Lion ------------------------------------------------------------------------------
@@ -190,11 +205,14 @@ def adagrad(weight, grad, state_sum, *, lr, lr_decay, weight_decay, eps, step):
                 "m = b2*m + (1-b2)*g after the update; sign(0) = 0.",
 )
 def lion(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):
-    def one(w, g, m):
-        direction = torch.sign(beta1 * m + (1.0 - beta1) * g)
-        return w * (1.0 - lr * weight_decay) - lr * direction, beta2 * m + (1.0 - beta2) * g
+    return elementwise(_lion_one, weight, grad, exp_avg, n_out=2,
+                       params=(lr, beta1, beta2, weight_decay))
 
-    return elementwise(one, weight, grad, exp_avg, n_out=2)
+
+def _lion_one(w, g, m, p):
+    lr, beta1, beta2, weight_decay = p
+    direction = sign(beta1 * m + (1.0 - beta1) * g)
+    return w * (1.0 - lr * weight_decay) - lr * direction, beta2 * m + (1.0 - beta2) * g
 
 
 # -- LAMB ------------------------------------------------------------------------------

@@ -122,3 +122,12 @@ def test_the_optimizer_goldens_reach_the_shared_chunked_helper():
     fp = gv._Fingerprint(frozenset({"verify"}))
     fp.add(verify.op("lion").golden_fn)
     assert any(p.startswith("code verify.goldens.chunked.") for p in fp.parts)
+
+
+def test_a_numba_compiled_helper_is_followed_into_its_python_source(project):
+    """A golden calling an @njit helper runs the helper's Python code: editing it must
+    change the version (a dispatcher is not a plain function, and was not followed)."""
+    helpers = HELPERS.replace("def scale(x):", "import numba\n\n\n@numba.njit\ndef scale(x):")
+    before = project(helpers=helpers)
+    after = project(helpers=helpers.replace("return x * SCALE", "return x * SCALE * 1.0001"))
+    assert after["golden_a"] != before["golden_a"] and after["golden_b"] == before["golden_b"]

@@ -149,6 +149,13 @@ def _referenced_names(tree: ast.AST | None, code: types.CodeType | None) -> list
     return chains
 
 
+def _compiled_source(obj):
+    """The Python function behind a compiled one (a numba dispatcher's ``py_func``), whose
+    code is what the golden runs; anything else as it is."""
+    func = getattr(obj, "py_func", None)
+    return func if isinstance(func, types.FunctionType) else obj
+
+
 class _Fingerprint:
     def __init__(self, roots: frozenset[str]):
         self.roots = roots
@@ -163,6 +170,7 @@ class _Fingerprint:
                 self.add_value(v, label)
             return
         obj = inspect.unwrap(obj) if callable(obj) else obj
+        obj = _compiled_source(obj)
         if id(obj) in self.seen:
             return
         if isinstance(obj, (types.FunctionType, type)):
@@ -180,7 +188,8 @@ class _Fingerprint:
         elif isinstance(value, (tuple, list, frozenset)) and all(
                 isinstance(v, _SIMPLE) for v in value):
             self.parts.append(f"const {label}={value!r}")
-        elif isinstance(value, (types.FunctionType, type, functools.partial)):
+        elif isinstance(value, (types.FunctionType, type, functools.partial)) or \
+                _compiled_source(value) is not value:
             self.add(value, label)
 
     def _add_code(self, obj) -> None:
