@@ -51,3 +51,20 @@ def test_golden_sqrt_is_correctly_rounded():
     for v, r in zip(x.tolist(), chunked.sqrt(x).tolist()):
         half = Fraction(math.ulp(r)) / 2
         assert (Fraction(r) - half) ** 2 <= Fraction(v) <= (Fraction(r) + half) ** 2, v
+
+
+def test_the_new_goldens_are_within_1e_15_normwise_of_the_old_torch_formula():
+    """Only the sqrt changed (torch's SLEEF sqrt -> IEEE): AdamW against its former
+    torch evaluation, normwise."""
+    spec = verify.op("apply_adam_w_v2")
+    gen = torch.Generator().manual_seed(11)
+    w, g, m = (torch.randn(20000, generator=gen, dtype=torch.float64) for _ in range(3))
+    v = torch.rand(20000, generator=gen, dtype=torch.float64) * 0.01
+    p = {**spec.params, "step": 5}
+    bc1, bc2 = 1.0 - p["beta1"] ** 5, 1.0 - p["beta2"] ** 5
+    m_t = p["beta1"] * m + (1.0 - p["beta1"]) * g
+    v_t = p["beta2"] * v + (1.0 - p["beta2"]) * g * g
+    upd = (m_t / bc1) / (torch.sqrt(v_t / bc2) + p["eps"]) + p["weight_decay"] * w
+    old = w - p["lr"] * upd
+    new = spec.golden_fn(w, g, m, v, **p)[0]
+    assert float((new - old).norm() / old.norm()) <= 1e-15
