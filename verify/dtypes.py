@@ -5,10 +5,11 @@ maps both ways so every module agrees on spelling.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .dtype_traits import TRAITS_BY_NAME, FloatTraits  # noqa: F401  (re-exported)
 
 _BY_NAME: dict[str, torch.dtype] = {
     "fp64": torch.float64,
@@ -53,37 +54,8 @@ def name_of(dtype: torch.dtype | str) -> str:
     return _NAME_OF[dtype]
 
 
-@dataclass(frozen=True)
-class FloatTraits:
-    """Constants from standards.md, per output dtype."""
-
-    mantissa_bits: int        # ULP definition (msprobe)
-    min_exp: int              # ULP definition (msprobe)
-    cann_v1_threshold: float  # CANN v1: MERE < T, MARE < 10 T
-    v2_rtol: float            # CANN v2 mixed tolerance
-    v2_atol: float
-    v2_max_abs: float         # CANN v2 limit (or 32 ULP)
-    small_value: float        # msprobe small-value domain
-    small_value_atol: float
-    msprobe_eps: float        # msprobe relative error denominator eps
-    abs_threshold_rtol: float # msprobe absolute-threshold standard
-    torch_rtol: float         # torch.testing.assert_close defaults
-    torch_atol: float
-
-
 FLOAT_TRAITS: dict[torch.dtype, FloatTraits] = {
-    torch.float16: FloatTraits(10, -14, 2**-10, 2**-9, 2**-9, 1e-1,
-                               2**-10, 2**-16, 2**-11, 2**-10, 1e-3, 1e-5),
-    torch.bfloat16: FloatTraits(7, -126, 2**-7, 2**-6, 2**-6, 1.0,
-                                2**-10, 1e-16, 2**-8, 2**-8, 1.6e-2, 1e-5),
-    torch.float32: FloatTraits(23, -126, 2**-13, 2**-10, 2**-16, 1e-2,
-                               2**-20, 2**-30, 2**-24, 2**-20, 1.3e-6, 1e-5),
-    # float64 outputs (rare: a kernel computing in double) get float64 ULPs and
-    # torch.testing's float64 defaults; the CANN tables have no float64 row, so the
-    # float32 thresholds are used as the closest published numbers.
-    torch.float64: FloatTraits(52, -1022, 2**-13, 2**-10, 2**-16, 1e-2,
-                               2**-20, 2**-30, 2**-53, 2**-20, 1e-7, 1e-7),
-}
+    _BY_NAME[name]: t for name, t in TRAITS_BY_NAME.items()}
 
 
 def traits(dtype: torch.dtype) -> FloatTraits:

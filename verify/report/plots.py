@@ -15,7 +15,10 @@ import os
 from html import escape
 from pathlib import Path
 
+from ..dtype_traits import TRAITS_BY_NAME
 from ..histbins import EDGES
+
+_ALIASES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
 H = 250  # px, every panel
 WIDTHS = {"hist": 500, "heat": 400, "steps": 400}
@@ -36,11 +39,9 @@ def _plain_label(value: float) -> str:
 
 def thresholds(row: dict) -> list[tuple[float, str]]:
     """Relative-error lines of the deciding standard, for the histogram."""
-    from .. import dtypes as dt
     std, dtype = row.get("standard"), row.get("out_dtype")
-    try:
-        tr = dt.traits(dt.to_torch(dtype))
-    except (KeyError, TypeError):
+    tr = TRAITS_BY_NAME.get(_ALIASES.get(dtype, dtype)) if isinstance(dtype, str) else None
+    if tr is None:
         return []
     if std == "cann_v1":
         return [(tr.cann_v1_threshold, "T (MERE)"), (10 * tr.cann_v1_threshold, "10T (MARE)")]
