@@ -54,6 +54,15 @@ def _count(text: str) -> int:
     raise argparse.ArgumentTypeError(f"a whole number from 1 to 1000000, not {text!r}")
 
 
+def _shard(text: str) -> str:
+    from .shards import parse
+    try:
+        i, n = parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"{i}/{n}"
+
+
 def _seconds(text: str) -> float:
     from .deadline import check_seconds
     try:
@@ -91,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds a case may run before it is an ERROR row (default 300 "
                           "for L0, 1800 for L1, 7200 for other levels; 0: no limit)")
     run.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    run.add_argument("--shard", default=None, type=_shard, metavar="I/N",
+                     help="run shard I of N of the selection: deterministic and balanced "
+                          "by expected cost, for a CI matrix; join them with verify merge")
     run.add_argument("--reports", default=None, help="report folder (default reports/)")
     run.add_argument("--run-id", default=None, help="name of this run's report folder")
     run.add_argument("-v", "--verbose", action="store_true",
@@ -142,6 +154,12 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--reports", default=None, help="report folder (default reports/)")
     st.add_argument("--run-id", default=None)
     _add_store(st)
+
+    mrg = sub.add_parser("merge", help="join the shard runs of one selection into one report")
+    mrg.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                     help="the shard runs' report folders (reports/<run-id>)")
+    mrg.add_argument("--out", required=True, metavar="DIR",
+                     help="folder for the merged results.csv / json, report.html, junit.xml")
 
     rep = sub.add_parser("report", help="rebuild a run's HTML, CSV and JUnit from results.json")
     rep.add_argument("run_dir", help="a run's report folder (reports/<run-id>)")
@@ -212,6 +230,8 @@ def _pytest_args(a) -> list[str]:
         args += ["-n", str(a.workers)]
     if a.case_timeout is not None:
         args.append(f"--case-timeout={a.case_timeout:g}")
+    if a.shard:
+        args.append(f"--shard={a.shard}")
     args += ["-v"] if a.verbose else ["-q"]
     return args
 
@@ -276,6 +296,16 @@ def cmd_serve(a) -> int:
     serve(a.store or default_store_dir(), host=a.host, port=a.port, tokens=tokens,
           max_body=a.max_body_mb << 20, tls_cert=a.tls_cert, tls_key=a.tls_key)
     return 0
+
+
+def cmd_merge(a) -> int:
+    from . import results, shards
+
+    rows, meta = shards.merge(a.run_dirs, a.out)
+    run_dir = results.write(rows, a.out, meta)
+    print(results.summary_text(rows, run_dir, width=_width()), end="")
+    print(f"merged {len(a.run_dirs)} run(s), {len(rows)} rows, into {run_dir}")
+    return results.exit_status(rows)
 
 
 def cmd_report(a) -> int:
@@ -451,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run" and args.kernels and not os.environ.get(FINISHED_ENV):
         return _guarded(sys.argv[1:] if argv is None else list(argv))
     commands = {"run": cmd_run, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
-                "report": cmd_report, "diff": cmd_diff, "strategies": cmd_strategies}
+                "report": cmd_report, "merge": cmd_merge, "diff": cmd_diff,
+                "strategies": cmd_strategies}
     try:
         code = commands[args.command](args)
     except ConfigError as exc:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from . import (deadline, devices, golden_source, isolation, notices, results, runner,
+from . import (deadline, devices, golden_source, isolation, notices, results, runner, shards,
                selection)
 from .errors import ConfigError
 
@@ -53,6 +53,9 @@ def pytest_addoption(parser):
     g.addoption("--benchmark-backend", default=None,
                 help="also judge each kernel against this backend's kernel of the op on the "
                      "same inputs (msprobe's benchmark standard), in rows of their own")
+    g.addoption("--shard", default=None, metavar="I/N",
+                help="run shard I of N of the selection (deterministic, balanced by "
+                     "expected cost); join the shard runs with verify merge")
     g.addoption("--case-timeout", default=None, metavar="S",
                 help="seconds a case may run before it is an ERROR row (default 300 for L0, "
                      "1800 for L1, 7200 for other levels; 0: no limit)")
@@ -110,6 +113,7 @@ def pytest_configure(config):
         kernel_modules=config.getoption("--kernels"))
     try:
         config._verify_plan = selection.build(sel)
+        _take_shard(config)
         runner.BENCHMARK["backend"] = selection.check_benchmark_backend(
             config.getoption("--benchmark-backend"))
         golden_source.configure(config.getoption("--store"), config.getoption("--registry"),
@@ -128,6 +132,18 @@ def pytest_configure(config):
                                                              config.getoption("--run-id"))
         except ConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+
+def _take_shard(config) -> None:
+    """--shard I/N: keep this shard's items; the whole selection's id goes in the meta so
+    verify merge can tell shards of one selection from runs of another."""
+    plan = config._verify_plan
+    config._verify_selection = shards.selection_id(item_name(c, k) for c, k in plan.items)
+    config._verify_shard = None
+    if config.getoption("--shard"):
+        index, count = shards.parse(config.getoption("--shard"))
+        plan.items = shards.pick(plan.items, index, count, item_name)
+        config._verify_shard = f"{index}/{count}"
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -344,7 +360,8 @@ def pytest_sessionfinish(session, exitstatus):
     _TIMING.clear()
     meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
             "environment": results.environment(), "warnings": config._verify_warnings,
-            "timing": timing}
+            "timing": timing, "selection": config._verify_selection,
+            "shard": config._verify_shard, "harness": shards.harness_id()}
     results.write(rows, config._verify_run_dir, meta)
     if session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide
         session.exitstatus = results.exit_status(rows)

@@ -1,0 +1,120 @@
+"""CI sharding on ordinary runners: ``verify run --shard I/N`` takes a deterministic,
+balanced 1/N of a selection, and ``verify merge`` joins the shard runs into one report.
+
+Balance comes from each item's expected cost, known before anything runs: the elements of
+its inputs times its steps (twice that with a backward pass), plus a fixed per-item cost.
+Items are dealt largest first to the lightest shard (ties: the lower shard, then by name),
+so every machine that builds the same selection deals the same shards.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+from .errors import ConfigError
+
+PER_ITEM = 20_000  # elements' worth of harness time per item (start-up, report rows)
+
+
+def parse(text: str) -> tuple[int, int]:
+    """'2/3' -> (2, 3), with 1 <= I <= N."""
+    try:
+        i, n = (int(part) for part in str(text).split("/"))
+    except ValueError:
+        i = n = 0
+    if not (n >= 1 and 1 <= i <= n):
+        raise ConfigError(f"--shard takes I/N with 1 <= I <= N (such as 2/3), not {text!r}")
+    return i, n
+
+
+def expected_cost(case, kern) -> int:
+    elements = sum(math.prod(shape) for shape in case.input_shapes.values())
+    passes = 2 if getattr(case, "mode", "forward") in ("backward", "both") else 1
+    return elements * max(1, case.steps) * passes + PER_ITEM
+
+
+def pick(items: list, index: int, count: int, name_of) -> list:
+    """The items of shard ``index`` (1-based) of ``count``, in their original order."""
+    if count == 1:
+        return list(items)
+    order = sorted(range(len(items)),
+                   key=lambda k: (-expected_cost(*items[k]), name_of(*items[k])))
+    loads = [0] * count
+    mine = set()
+    for k in order:
+        shard = min(range(count), key=lambda s: (loads[s], s))
+        loads[shard] += expected_cost(*items[k])
+        if shard == index - 1:
+            mine.add(k)
+    return [items[k] for k in sorted(mine)]
+
+
+def selection_id(names) -> str:
+    """A fingerprint of a whole (unsharded) selection: the same cases and kernels give the
+    same id on every machine."""
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16]
+
+
+def harness_id() -> str:
+    """The package version and a fingerprint of the harness's own code: shards made by
+    different harnesses do not merge."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        release = version("kernel-verify")
+    except PackageNotFoundError:  # run from a source tree
+        release = "source"
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return f"{release}+{h.hexdigest()[:12]}"
+
+
+def merge(run_dirs: list[str], out: str) -> tuple[list[dict], dict]:
+    """The rows and meta of shard runs joined, after checking that they are the shards of
+    one selection made by one harness, each exactly once."""
+    from . import results
+    if not run_dirs:
+        raise ConfigError("verify merge needs at least one run folder")
+    loaded = [(d, *results.load(d)) for d in run_dirs]
+    first_dir, _, first = loaded[0]
+    for d, _, meta in loaded:
+        if meta.get("selection") is None:
+            raise ConfigError(f"{d}: results.json names no selection (a run from before "
+                              f"--shard existed, or not a verify run); run it again")
+        if meta["selection"] != first["selection"]:
+            raise ConfigError(
+                f"{d} and {first_dir} are runs of different selections (selection "
+                f"{meta['selection']} and {first['selection']}: other levels, ops, dtypes, "
+                f"backends, case files or kernels); merge shards of one selection only")
+        if meta.get("harness") != first.get("harness"):
+            raise ConfigError(
+                f"{d} and {first_dir} were made by different harness versions "
+                f"({meta.get('harness')} and {first.get('harness')}); run every shard with "
+                f"the same verify")
+    shards = [meta.get("shard") or "1/1" for _, _, meta in loaded]
+    counts = {s.split("/")[1] for s in shards}
+    if len(counts) != 1:
+        raise ConfigError(f"the runs were sharded differently: {', '.join(shards)}")
+    n = int(counts.pop())
+    seen: dict[str, str] = {}
+    for (d, _, _), s in zip(loaded, shards):
+        if s in seen:
+            raise ConfigError(f"shard {s} is given twice ({seen[s]} and {d})")
+        seen[s] = d
+    missing = [f"{i}/{n}" for i in range(1, n + 1) if f"{i}/{n}" not in seen]
+    if missing:
+        raise ConfigError(f"shard(s) {', '.join(missing)} missing: a merged report without "
+                          f"them would look complete")
+    out_dir = Path(out)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(f"--out {out}: exists and is not an empty folder")
+    rows = [r for _, rs, _ in loaded for r in rs]
+    warnings = list(dict.fromkeys(w for _, _, m in loaded for w in m.get("warnings", [])))
+    meta = {"run_id": out_dir.name, "level": first.get("level"),
+            "environment": first.get("environment", {}), "warnings": warnings,
+            "selection": first["selection"], "harness": first.get("harness"),
+            "shard": None, "merged_from": [m.get("run_id") for _, _, m in loaded]}
+    return rows, meta
