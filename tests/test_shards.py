@@ -88,3 +88,18 @@ def test_shards_cover_the_selection_and_merge_into_the_unsharded_run(tmp_path):
     out = run_cli("merge", tmp_path / "s1", tmp_path / "s2", tmp_path / "s3b",
                   "--out", tmp_path / "x4")
     assert out.returncode == 2 and "different harness versions" in out.stderr, out.stderr
+
+
+def test_a_shard_with_nothing_to_run_writes_an_empty_report_that_merges(tmp_path):
+    """A CI matrix keeps its N when the selection shrinks: a shard left with no case (more
+    shards than cases, or -k deselecting its share) passes with an empty report, and the
+    merge of all shards holds exactly the selection's rows."""
+    one_case = ("--level", "L0", "--op", "lion", "--backend", "torch", "--dtype", "fp32",
+                "-k", "small and 8x8", "-n", "0", "--store", tmp_path / "store")
+    outs = [run_cli("run", *one_case, "--shard", f"{k}/4", "--reports", tmp_path,
+                    "--run-id", f"s{k}") for k in (1, 2, 3, 4)]
+    assert [o.returncode for o in outs] == [0, 0, 0, 0], [o.stderr[-500:] for o in outs]
+    assert sum("has no case to run" in o.stderr for o in outs) == 3
+    out = run_cli("merge", *(tmp_path / f"s{k}" for k in (1, 2, 3, 4)), "--out", tmp_path / "m")
+    assert out.returncode == 0, out.stderr
+    assert len(_rows(tmp_path / "m")) == 2  # lion small-fp32-8x8: w_new and exp_avg_new

@@ -139,6 +139,7 @@ def _take_shard(config) -> None:
     verify merge can tell shards of one selection from runs of another."""
     plan = config._verify_plan
     config._verify_selection = shards.selection_id(item_name(c, k) for c, k in plan.items)
+    config._verify_selection_size = len(plan.items)
     config._verify_shard = None
     if config.getoption("--shard"):
         index, count = shards.parse(config.getoption("--shard"))
@@ -354,7 +355,11 @@ def pytest_sessionfinish(session, exitstatus):
     _CONFIG.clear()
     isolation.cleanup(config)
     config._verify_rows = rows
-    if not rows:
+    # a shard with nothing to run (more shards than items, or -k deselected all of its
+    # share): an empty report, so that verify merge finds every shard
+    empty_shard = (bool(config._verify_shard) and not rows
+                   and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED)
+    if not rows and not empty_shard:
         return
     timing = dict(_TIMING, reports_start=time.time())
     _TIMING.clear()
@@ -363,7 +368,12 @@ def pytest_sessionfinish(session, exitstatus):
             "timing": timing, "selection": config._verify_selection,
             "shard": config._verify_shard, "harness": shards.harness_id()}
     results.write(rows, config._verify_run_dir, meta)
-    if session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide
+    if empty_shard:
+        print(f"verify: shard {config._verify_shard} has no case to run (the selection has "
+              f"{config._verify_selection_size} before -k); wrote an empty report to "
+              f"{config._verify_run_dir}", file=sys.stderr)
+        session.exitstatus = 0
+    elif session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide
         session.exitstatus = results.exit_status(rows)
     config._verify_exit = int(session.exitstatus)
 
