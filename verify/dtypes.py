@@ -5,11 +5,10 @@ maps both ways so every module agrees on spelling.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
-from .dtype_traits import TRAITS_BY_NAME, FloatTraits  # noqa: F401  (re-exported)
+from .dtype_traits import NAME_ALIASES, TRAITS_BY_NAME, FloatTraits  # noqa: F401
 
 _BY_NAME: dict[str, torch.dtype] = {
     "fp64": torch.float64,
@@ -23,20 +22,14 @@ _BY_NAME: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
     "bool": torch.bool,
 }
-_ALIASES = {
-    "float64": "fp64", "double": "fp64",
-    "float32": "fp32", "float": "fp32",
-    "float16": "fp16", "half": "fp16",
-    "bfloat16": "bf16",
-}
 _NAME_OF = {v: k for k, v in _BY_NAME.items()}
 
-DTYPE_NAMES = tuple(_BY_NAME) + tuple(_ALIASES)
+DTYPE_NAMES = tuple(_BY_NAME) + tuple(NAME_ALIASES)
 
 
 def canonical_name(name: str) -> str:
     """'float16' -> 'fp16'; raises KeyError for an unknown name."""
-    name = _ALIASES.get(name, name)
+    name = NAME_ALIASES.get(name, name)
     if name not in _BY_NAME:
         raise KeyError(name)
     return name
@@ -65,34 +58,24 @@ def traits(dtype: torch.dtype) -> FloatTraits:
         raise KeyError(f"no precision constants for dtype {dtype}") from None
 
 
-# (significand bits with the implicit one, smallest normal exponent, largest finite value)
-_ROUNDING = {
-    torch.float16: (11, -14, 65504.0),
-    torch.bfloat16: (8, -126, float(torch.finfo(torch.bfloat16).max)),
-}
-
-
-def rounding_params(dtype: torch.dtype) -> tuple[int, int, float] | None:
+def rounding_params(dtype: torch.dtype) -> tuple[int, int, float]:
     """(significand bits with the implicit one, smallest normal exponent, largest finite)
-    of fp16, bf16 and fp32, for rounding float64 values into them; None for others."""
-    if dtype == torch.float32:
-        return 24, -126, float(np.finfo(np.float32).max)
-    return _ROUNDING.get(dtype)
+    of a float dtype, from its precision constants: what rounding float64 into it needs."""
+    t = traits(dtype)
+    return t.mantissa_bits + 1, t.min_exp, float(torch.finfo(dtype).max)
 
 
 def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float64 values rounded once, to nearest with ties to even, into ``dtype``:
     subnormals, ties and overflow to inf as IEEE 754 says. torch converts float64 to
     fp16 / bf16 through float32, which rounds twice and lands one ulp off now and then;
-    the error floor must be the correctly rounded golden."""
-    if dtype not in _ROUNDING or not x.dtype.is_floating_point:
+    the error floor must be the correctly rounded golden. The rounding is the metrics
+    pass's own (metrics._round_range), so a rounded tensor and the pass agree."""
+    if dtype in (torch.float32, torch.float64) or dtype not in FLOAT_TRAITS \
+            or not x.dtype.is_floating_point:
         return x.to(dtype)  # float32 / float64 targets: torch rounds once already
-    bits, emin, vmax = _ROUNDING[dtype]
-    v = x.detach().to("cpu", torch.float64).contiguous().numpy()
-    with np.errstate(over="ignore", invalid="ignore"):
-        _, e = np.frexp(v)  # v = m * 2^e with 0.5 <= |m| < 1: the leading bit is 2^(e-1)
-        quantum = np.ldexp(1.0, np.maximum(e - 1, emin) - (bits - 1))
-        r = np.round(v / quantum) * quantum  # np.round: ties to even; scaling is exact
-        r = np.where(np.abs(r) > vmax, np.copysign(np.inf, v), r)
-        r = np.where(np.isnan(v), v, r)
-    return torch.from_numpy(r).to(dtype)  # exactly representable now: no second rounding
+    from .metrics import _round_range, _rounding_of
+    v = x.detach().to("cpu", torch.float64).contiguous().reshape(-1).numpy()
+    r = np.empty_like(v)
+    _round_range(v, v.view(np.int64), 0, v.shape[0], _rounding_of(dtype), r)
+    return torch.from_numpy(r).reshape(x.shape).to(dtype)  # exact now: no second rounding  # exactly representable now: no second rounding

@@ -11,7 +11,7 @@ Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
 - max_rel: max of d / |g| over g != 0 (inf when some g == 0 has d > 0)
 - rmse (textbook, every element), cosine, eb_mean = |mean((a-g)/max(1,|g|))| (ATB)
 - eb = |#(a > g') - #(a < g')| / n with g' the golden cast to the output's NumPy dtype
-  (float16, else float32): msprobe's get_error_balance, counted beside the block pass
+  (float16, else float32): msprobe's get_error_balance, counted in the same block pass
 - mag_bias = (#|a|<|g| - #|a|>|g|) / #inexact: rounding to nearest gives ~0, a truncating
   conversion ~1 (EB cannot see truncation: it cancels between positive and negative values)
 - ULP = d * 2^(mantissa - max(floor(log2|g|), min_exp)) (msprobe)
@@ -210,15 +210,6 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     out[ARG_REL] = -1.0
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def _blocks(a, abits, aexp, aman, g, gbits, c, out):
-    n = a.shape[0]
-    for b in prange(out.shape[0]):
-        lo = b * BLOCK
-        hi = min(lo + BLOCK, n)
-        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b])
-
-
 _ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
 
 
@@ -283,18 +274,9 @@ def _hist_range(x, g, lo, hi, base, t1, t2, out):
         k = base[e] + (1 if rel >= t1[e] else 0) + (1 if rel >= t2[e] else 0)
         k = k if k <= N_BINS_ + 1 else N_BINS_ + 1  # 0: under, 1..N_BINS: bins, then over
         codes[np.uint64(j - lo)] = N_BINS_ + 2 if (same | (rel == 0.0)) else k
-    # four sets of counters, so that runs of equal codes do not wait on each other
-    quad = np.zeros((4, 64), dtype=np.int64)
-    m = hi - lo
-    for j in range(0, m - 3, 4):
-        i = np.uint64(j)
-        quad[0, np.uint64(codes[i])] += 1
-        quad[1, np.uint64(codes[i + np.uint64(1)])] += 1
-        quad[2, np.uint64(codes[i + np.uint64(2)])] += 1
-        quad[3, np.uint64(codes[i + np.uint64(3)])] += 1
-    for j in range(m - m % 4, m):
-        quad[0, np.uint64(codes[np.uint64(j)])] += 1
-    counts = quad[0] + quad[1] + quad[2] + quad[3]
+    counts = np.zeros(N_BINS_ + 3, dtype=np.int64)
+    for j in range(hi - lo):
+        counts[np.uint64(codes[np.uint64(j)])] += 1
     for k in range(N_BINS_):
         out[k] += counts[k + 1]
     out[N_BINS_] += counts[N_BINS_ + 2]
@@ -488,19 +470,6 @@ def _constants(dtype: torch.dtype, atol: float, rtol: float, scale: float = 1.0)
     return c
 
 
-def _msprobe_view(chunk: torch.Tensor) -> np.ndarray:
-    """An output as msprobe holds it in NumPy: fp16 stays float16, bf16 becomes float32."""
-    return chunk.numpy() if chunk.dtype in (torch.float16, torch.float32, torch.float64) \
-        else chunk.to(torch.float32).numpy()
-
-
-def _eb_counts(dev: np.ndarray, g_np: np.ndarray) -> tuple[int, int]:
-    """msprobe's error balance counts (get_error_balance): outputs above / below the
-    golden cast to the output's NumPy dtype."""
-    cast = g_np.astype(dev.dtype)
-    return int(np.count_nonzero(dev > cast)), int(np.count_nonzero(dev < cast))
-
-
 def thousandth_small_atol(dtype: torch.dtype) -> float:
     """Small values' atol in the hundredth / thousandth / ten-thousandth ratios (our own
     family): msprobe's small-value atol, but never below half an ulp at the small-value
@@ -548,10 +517,7 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     if a.numel() != g.numel():
         raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
     c = _constants(dtype, atol, rtol, scale)
-    rounding = _rounding_of(dtype)
-    if rounding is None:  # a float dtype without on-the-fly rounding: two passes
-        return _measure_two_passes(a, g, dtype, c, atol, rtol, floor, hist)
-    rp = rounding if floor else np.zeros(3)
+    rp = _rounding_of(dtype) if floor else np.zeros(3)
     acc_a, acc_f = [], []
     hists = np.zeros((2, N_BINS + 3), dtype=np.int64)
     best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, chunk start, block
@@ -615,60 +581,6 @@ def _locate_argmax(combined: np.ndarray, best: dict, a, g, c, total: int) -> Non
             combined[slot] = start + (i_d if key == "abs" else i_r)
 
 
-def _measure_two_passes(a, g, dtype, c, atol, rtol, floor, hist):
-    """A float dtype that cannot be rounded on the fly: the floor rounded by torch, then
-    measured in a second pass."""
-    total = a.numel()
-    acc_a, acc_f = [], []
-    best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}
-    eb_a, eb_f = [0, 0], [0, 0]
-    hists = np.zeros((2, N_BINS + 3), dtype=np.int64)
-    for start in range(0, total, CHUNK):
-        stop = min(start + CHUNK, total)
-        g_np = g[start:stop].numpy()
-        a_np = _host_view(a[start:stop])
-        parts = _run_blocks(a_np, g_np, c)
-        acc_a.append(parts)
-        for i, v in enumerate(_eb_counts(_msprobe_view(a[start:stop]), g_np)):
-            eb_a[i] += v
-        for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
-            b = int(np.argmax(parts[:, slot])) if len(parts) else -1
-            if b >= 0 and parts[b, slot] > best[key][0]:
-                best[key] = (parts[b, slot], start, b)
-        pairs = [(0, a_np)]
-        if floor:
-            rounded = dt.round_once(g[start:stop], dtype)
-            r_np = _host_view(rounded)
-            acc_f.append(_run_blocks(r_np, g_np, c))
-            for i, v in enumerate(_eb_counts(_msprobe_view(rounded), g_np)):
-                eb_f[i] += v
-            pairs.append((1, r_np))
-        if hist:
-            for k, x in pairs:
-                _hist_range(x.astype(np.float64), g_np, 0, x.shape[0], _HIST_BASE, _HIST_T1,
-                            _HIST_T2, hists[k])
-    combined = _combine(np.concatenate(acc_a) if acc_a else _EMPTY)
-    _locate_argmax(combined, best, a, g, c, total)
-    m_a = replace(_finish(combined, atol, rtol),
-                  eb=abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
-    m_f = histogram = None
-    if floor:
-        m_f = replace(_finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol),
-                      eb=abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
-    if hist:
-        histogram = {"actual": _hist_dict(hists[0])}
-        if floor:
-            histogram["floor"] = _hist_dict(hists[1])
-    return m_a, m_f, histogram
-
-
-def _run_blocks(a_np: np.ndarray, g_np: np.ndarray, c: np.ndarray) -> np.ndarray:
-    abits, aexp, aman = _bits_of(a_np)
-    out = np.empty((-(-a_np.shape[0] // BLOCK), N_SLOTS))
-    _blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, out)
-    return out
-
-
 def _hist_dict(counts: np.ndarray) -> dict:
     return {"counts": counts[:N_BINS].tolist(), "zero": int(counts[N_BINS]),
             "under": int(counts[N_BINS + 1]), "over": int(counts[N_BINS + 2])}
@@ -679,13 +591,9 @@ def _msprobe_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float16, torch.float32, torch.float64) else torch.float32
 
 
-def _rounding_of(dtype: torch.dtype) -> np.ndarray | None:
-    """(significand bits, smallest normal exponent, largest finite) of a float dtype for
-    on-the-fly rounding; bits 53 (float64) means no rounding; None: not supported."""
-    if dtype == torch.float64:
-        return np.array([53.0, -1022.0, float(np.finfo(np.float64).max)])
-    params = dt.rounding_params(dtype)
-    return None if params is None else np.array([float(x) for x in params])
+def _rounding_of(dtype: torch.dtype) -> np.ndarray:
+    """dtypes.rounding_params as the array the compiled rounding reads."""
+    return np.array(dt.rounding_params(dtype), dtype=np.float64)
 
 
 def _bits_of(a_np: np.ndarray):

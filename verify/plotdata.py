@@ -34,9 +34,6 @@ def _error(a: torch.Tensor, g: torch.Tensor, atol=None, rtol=None) -> torch.Tens
     return torch.nan_to_num(err, nan=0.0)
 
 
-
-
-
 def histogram(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) -> dict:
     """Counts per bin of log10(rel error) on EDGES, for the kernel and for the error
     floor; 'zero' counts exact elements, 'under' / 'over' those below / above the bins

@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from .metric_fields import Metrics
 
 FLOOR_COLUMNS = [f"floor_{k}" for k in
@@ -305,8 +304,8 @@ def _row_table(rows: list[dict], title: str):
 
 
 def _per_kernel_table(rows: list[dict]):
-    from rich.table import Table
     """One line per op and kernel: how many cases and rows, and their verdicts."""
+    from rich.table import Table
     groups: dict[tuple, dict] = {}
     for r in rows:
         g = groups.setdefault((r["op"], _kernel_label(r)), {

@@ -38,13 +38,13 @@ def pick(items: list, index: int, count: int, name_of) -> list:
     """The items of shard ``index`` (1-based) of ``count``, in their original order."""
     if count == 1:
         return list(items)
-    order = sorted(range(len(items)),
-                   key=lambda k: (-expected_cost(*items[k]), name_of(*items[k])))
+    costs = [expected_cost(*item) for item in items]
+    order = sorted(range(len(items)), key=lambda k: (-costs[k], name_of(*items[k])))
     loads = [0] * count
     mine = set()
     for k in order:
         shard = min(range(count), key=lambda s: (loads[s], s))
-        loads[shard] += expected_cost(*items[k])
+        loads[shard] += costs[k]
         if shard == index - 1:
             mine.add(k)
     return [items[k] for k in sorted(mine)]

@@ -2,7 +2,7 @@
 
 One figure per output shown in detail: the error histogram (kernel against error floor,
 with the standard's thresholds), the heat map of where the error sits, and the error per
-step. Each is a few hundred shapes written as SVG text, about a millisecond a figure;
+step. Each is a few hundred shapes written as SVG text, ~10 ms a figure here;
 matplotlib took ~0.13 s a figure and 0.5 s to import, most of a report's build time.
 """
 from __future__ import annotations
@@ -15,10 +15,8 @@ import os
 from html import escape
 from pathlib import Path
 
-from ..dtype_traits import TRAITS_BY_NAME
+from ..dtype_traits import NAME_ALIASES, TRAITS_BY_NAME
 from ..histbins import EDGES
-
-_ALIASES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
 H = 250  # px, every panel
 WIDTHS = {"hist": 500, "heat": 400, "steps": 400}
@@ -40,7 +38,7 @@ def _plain_label(value: float) -> str:
 def thresholds(row: dict) -> list[tuple[float, str]]:
     """Relative-error lines of the deciding standard, for the histogram."""
     std, dtype = row.get("standard"), row.get("out_dtype")
-    tr = TRAITS_BY_NAME.get(_ALIASES.get(dtype, dtype)) if isinstance(dtype, str) else None
+    tr = TRAITS_BY_NAME.get(NAME_ALIASES.get(dtype, dtype)) if isinstance(dtype, str) else None
     if tr is None:
         return []
     if std == "cann_v1":
@@ -60,7 +58,7 @@ class _Panel:
     """An SVG panel with a plot area and linear mappings into it."""
 
     def __init__(self, x0: float, width: float, right: float = RIGHT):
-        self.x0, self.w = x0, width
+        self.x0 = x0
         self.left, self.right = x0 + LEFT, x0 + width - right
         self.top, self.bottom = TOP, H - BOTTOM
         self.parts: list[str] = []
@@ -74,10 +72,10 @@ class _Panel:
     def add(self, text: str) -> None:
         self.parts.append(text)
 
-    def text(self, x, y, s, size=10, anchor="middle", color="#222", rotate=None, extra=""):
+    def text(self, x, y, s, size=10, anchor="middle", color="#222", rotate=None):
         rot = f' transform="rotate({rotate} {x:.1f} {y:.1f})"' if rotate is not None else ""
         self.add(f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
-                 f'fill="{color}"{rot} {FONT}{extra}>{escape(str(s))}</text>')
+                 f'fill="{color}"{rot} {FONT}>{escape(str(s))}</text>')
 
     def frame(self, title: str, xlabel: str, ylabel: str) -> None:
         self.add(f'<rect x="{self.left:.1f}" y="{self.top:.1f}" width="{self.right - self.left:.1f}" '
@@ -220,7 +218,7 @@ FIGURE_FIELDS = ("histogram", "heatmap", "step_metrics", "standard", "out_dtype"
 
 
 def figure(row: dict, cache: Path | None = None) -> str | None:
-    """The plots of one output as a data: URI of a PNG; None when there is nothing to plot.
+    """The plots of one output as a data: URI of an SVG; None when there is nothing to plot.
     ``cache``: a folder of figures by the hash of what they show, so rebuilding a report
     (``verify report``) renders only what changed."""
     if cache is None:
