@@ -33,7 +33,7 @@ serve: $(STAMP)
 	$(BIN)/verify serve --port $(PORT) $(if $(STORE),--store $(STORE)) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) $(ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_compare.py

@@ -54,6 +54,12 @@ def _count(text: str) -> int:
     raise argparse.ArgumentTypeError(f"a whole number from 1 to 1000000, not {text!r}")
 
 
+def _retries(text: str) -> int:
+    if text.isdigit() and int(text) <= 100:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"a whole number from 0 to 100, not {text!r}")
+
+
 def _shard(text: str) -> str:
     from .shards import parse
     try:
@@ -103,6 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", default=None, type=_shard, metavar="I/N",
                      help="run shard I of N of the selection: deterministic and balanced "
                           "by expected cost, for a CI matrix; join them with verify merge")
+    run.add_argument("--ray", default=None, metavar="WHERE",
+                     help="run on a Ray cluster instead of pytest-xdist: auto (RAY_ADDRESS or "
+                          "the running head), HOST:PORT, local (a cluster in this process), "
+                          "or 'local:NPU=4,golden=1' (declared resources); needs "
+                          "kernel-verify[ray]")
+    run.add_argument("--retries", default=1, type=_retries, metavar="N",
+                     help="with --ray: resubmit the cases of a lost node up to N times "
+                          "(column attempts), then an ERROR row 'node lost' (default 1)")
     run.add_argument("--reports", default=None, help="report folder (default reports/)")
     run.add_argument("--run-id", default=None, help="name of this run's report folder")
     run.add_argument("-v", "--verbose", action="store_true",
@@ -237,6 +251,8 @@ def _pytest_args(a) -> list[str]:
 
 
 def cmd_run(a) -> int:
+    if a.ray is not None:
+        return _run_on_ray(a)
     import pytest
 
     from . import selection
@@ -254,6 +270,37 @@ def cmd_run(a) -> int:
     if code == 5:
         print("verify: no case matched the selection", file=sys.stderr)
     return 2
+
+
+def _run_on_ray(a) -> int:
+    """``verify run --ray``: the selection as Ray tasks; the same reports and exit codes."""
+    from . import ray_run
+    if a.workers is not None:
+        raise ConfigError("-n and --ray do not go together: under --ray, Ray places each "
+                          "case on a device of the cluster (use -n without --ray on one "
+                          "machine)")
+    if a.keyword:
+        raise ConfigError("-k is pytest's item filter and does not apply under --ray; "
+                          "select with --op, --dtype, --backend and --level")
+    ray_run.parse_spec(a.ray)
+    ray_run.import_ray(a.ray)
+    from . import api, results
+    try:
+        result = api.run(level=a.level, ops=a.op or None, backends=a.backend or None,
+                         dtypes=a.dtype or None, cases=a.cases, kernels=a.kernels,
+                         reports=a.reports, run_id=a.run_id, store=a.store,
+                         registry=a.registry, registry_required=a.registry_required,
+                         time=a.time, benchmark_backend=a.benchmark_backend,
+                         case_timeout=a.case_timeout, ray=a.ray, retries=a.retries,
+                         shard=a.shard, progress_every=a.progress_every)
+    except ray_run.RegistryAway as exc:
+        print(f"verify: error: {exc}", file=sys.stderr)
+        return 2
+    print(results.summary_text(result.rows, result.run_dir, width=_width(),
+                               verbose=a.verbose), end="")
+    for line in result.warnings:
+        print(f"warning: {line}")
+    return result.exit_status
 
 
 def cmd_ops(a) -> int:

@@ -212,8 +212,7 @@ def _explain(rows, verdict) -> str:
     return text + ("\n\n" + diffs if diffs else "")
 
 
-def item_name(case, kern) -> str:
-    return f"{case.op}[{case.level}-{case.id}-{kern.id}]"
+item_name = shards.item_name
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -369,6 +369,9 @@ class Backend:
     isolation: str = "in-process"  # or "subprocess": each case in a process of its own
     module: str | None = None  # an optional built-in backend: imported when a run uses it
     triton: bool = False  # its kernels are Triton kernels (the interpreter probe applies)
+    # what one case occupies on a Ray cluster (verify run --ray), e.g. {"NPU": 1};
+    # None: from the device (npu: one NPU, cuda: one GPU, cpu: one CPU)
+    resources: dict | None = None
 
     def available(self) -> tuple[bool, str]:
         return self.check()
@@ -430,15 +433,17 @@ def declare_backend(name: str, *, device: str = "cpu",
                     check: Callable[[], tuple[bool, str]] | None = None,
                     max_elements: int | None = None, versions: Callable[[], dict] | dict |
                     None = None, note: str = "", default: bool = True,
-                    triton: bool = False) -> Backend:
+                    triton: bool = False, resources: dict | None = None) -> Backend:
     """``verify.backend(...)``: declare a user backend: the device its kernels get their
     inputs on, an availability check returning (ok, why not), the largest case (elements
     per input) it takes, the versions a report records, a note on how it runs; ``triton``:
-    its kernels are Triton kernels (rows then carry the interpreter probe's warnings)."""
+    its kernels are Triton kernels (rows then carry the interpreter probe's warnings);
+    ``resources``: what one case takes on a Ray cluster (``{"NPU": 1}``; default from the
+    device)."""
     vers = versions if callable(versions) else (lambda: dict(versions or {}))
     return register_backend(Backend(name, device=device, check=check or (lambda: (True, "")),
                                     max_elements=max_elements, versions=vers, note=note,
-                                    default=default, triton=triton))
+                                    default=default, triton=triton, resources=resources))
 
 
 def register_backend(backend: Backend) -> Backend:

@@ -35,7 +35,10 @@ COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "o
               # metrics of this kernel and of the benchmark, and their ratios
               "benchmark"]
            + [f"{p}_{m}" for p in ("ms", "bench", "ratio")
-              for m in ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb")])
+              for m in ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb")]
+           # where a row ran (xdist worker, or ray:<ip>:<node>:<devices>) and, under --ray,
+           # how many times its case was submitted (a lost node's cases are resubmitted)
+           + ["worker", "attempts"])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 

@@ -28,6 +28,11 @@ def parse(text: str) -> tuple[int, int]:
     return i, n
 
 
+def item_name(case, kern) -> str:
+    """An item's name, as pytest shows it: ``op[level-case_id-backend:kernel]``."""
+    return f"{case.op}[{case.level}-{case.id}-{kern.id}]"
+
+
 def expected_cost(case, kern) -> int:
     elements = sum(math.prod(shape) for shape in case.input_shapes.values())
     passes = 2 if getattr(case, "mode", "forward") in ("backward", "both") else 1

@@ -1,0 +1,478 @@
+"""``verify run --ray``: the same plan as an xdist run, executed as Ray tasks over a
+cluster of NPU / GPU / CPU nodes; the driver (this process) writes the usual reports.
+
+- Goldens: one CPU task per golden key (on nodes declaring a ``golden`` resource where
+  there are any, with a memory request sized from the shapes); a kernel task is submitted
+  only once its case's golden exists, so each golden is computed once per run.
+- Kernel cases: one task per case x kernel, requesting its backend's device (``NPU``,
+  ``num_gpus``, or CPU), ``max_calls=1`` (Ray reuses NPU workers otherwise, and a device
+  runtime keeps the first device it saw), ``max_retries=0``: the driver owns retries.
+- Faults are rows: a dead kernel process, a case past ``--case-timeout`` (counted from
+  the task's start), a lost node after ``--retries`` resubmissions.
+
+Ray is an optional extra (``kernel-verify[ray]``), imported only here.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+from . import deadline, registry, runner, shards
+from .errors import ConfigError
+from .ray_tasks import NodeContext
+
+RAY_EXTRA = "pip install 'kernel-verify[ray]'"
+POLL_S = 0.25          # how often the driver looks at finished tasks and the clock
+GOLDEN_FACTOR = 4      # memory of a golden task: float64 inputs x this (outputs, temporaries)
+OBJECT_STORE_BYTES = 256 << 20  # a local cluster's object store: rows only travel through it
+_LOST = ("NodeDiedError", "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError",
+         "ObjectFetchTimedOutError", "RaySystemError")
+
+
+class RegistryAway(Exception):
+    """The registry is required (--registry-required) and went away mid-run: exit 2."""
+
+
+def import_ray(spec: str | None = None):
+    """Ray, imported here only; for an explicit HOST:PORT the token settings go first
+    (Ray reads RAY_AUTH_MODE when it is imported)."""
+    if spec is not None and "address" in parse_spec(spec) and parse_spec(spec)["address"] != \
+            "auto" and "ray" not in sys.modules:
+        _token_auth_when_a_token_is_here()
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"--ray needs Ray, which is not installed here: {RAY_EXTRA}") from None
+    return ray
+
+
+_LOCAL = re.compile(r"local(?::(.*))?")
+_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}")
+
+
+def parse_spec(spec: str) -> dict:
+    """``auto`` (RAY_ADDRESS or the running head), ``HOST:PORT``, ``local`` (a cluster in
+    this process with this machine's resources) or ``local:NPU=4,golden=1,CPU=2,GPU=1``
+    (declared, possibly fake, resources). Anything else is a usage error."""
+    text = (spec or "").strip()
+    if text == "auto":
+        return {"address": "auto"}
+    m = _LOCAL.fullmatch(text)
+    if m:
+        resources, num_cpus, num_gpus = {}, None, None
+        for part in filter(None, (p.strip() for p in (m.group(1) or "").split(","))):
+            name, _, value = part.partition("=")
+            try:
+                amount = float(value)
+            except ValueError:
+                amount = -1.0
+            if not name or not math.isfinite(amount) or amount < 0:
+                raise ConfigError(f"--ray {spec}: '{part}' is not RESOURCE=AMOUNT (e.g. "
+                                  f"local:NPU=4,golden=1)")
+            if name == "CPU":
+                num_cpus = int(amount)
+            elif name == "GPU":
+                num_gpus = int(amount)
+            else:
+                resources[name] = amount
+        return {"local": True, "num_cpus": num_cpus, "num_gpus": num_gpus,
+                "resources": resources}
+    if _ADDRESS.fullmatch(text):
+        return {"address": text}
+    raise ConfigError(f"--ray {spec!r}: expected auto, HOST:PORT, local or "
+                      f"'local:NPU=4,golden=1'")
+
+
+def connect(spec: str):
+    """ray.init for the spec; returns (ray, started_here)."""
+    ray = import_ray(spec)
+    how = parse_spec(spec)
+    common = {"log_to_driver": False, "logging_level": "WARNING", "include_dashboard": False}
+    if ray.is_initialized():  # a caller (a test, a notebook) connected already
+        return ray, False
+    # Ray logs a traceback when it cannot name the NPU type (no CANN's acl: fake NPUs, a
+    # CPU driver node); the resource works without it
+    logging.getLogger("ray._private.accelerators.npu").setLevel(logging.CRITICAL)
+    if how.get("local"):
+        os.environ.setdefault("RAY_task_oom_retries", "0")  # inherited by the raylet
+        ray.init(num_cpus=how["num_cpus"], num_gpus=how["num_gpus"],
+                 resources=how["resources"] or None, object_store_memory=OBJECT_STORE_BYTES,
+                 **common)
+    else:
+        common.pop("include_dashboard")
+        try:
+            ray.init(address=how["address"], **common)
+        except ConnectionError as exc:
+            raise ConfigError(f"--ray {spec}: no Ray cluster there ({exc})") from None
+    return ray, True
+
+
+def _token_auth_when_a_token_is_here() -> None:
+    """Ray turns token auth on by itself only for clusters it finds (``auto``), not for an
+    explicit HOST:PORT: with a token at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+    ~/.ray/auth_token) and RAY_AUTH_MODE unset, use it."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+# -- what a case needs -----------------------------------------------------------------
+
+def device_request(backend: registry.Backend) -> dict:
+    """The Ray resources a kernel task of this backend asks for: its accelerator (the
+    backend's ``resources``, else from its device) and one CPU (task options; max_calls=1
+    and max_retries=0 are set on the remote function itself)."""
+    if backend.resources is not None:
+        wanted = dict(backend.resources)
+    elif backend.device.startswith("npu"):
+        wanted = {"NPU": 1}
+    elif backend.device.startswith("cuda"):
+        wanted = {"GPU": 1}
+    else:
+        wanted = {}
+    options = {"num_cpus": wanted.pop("CPU", 1)}
+    if "GPU" in wanted:
+        options["num_gpus"] = wanted.pop("GPU")
+    if wanted:
+        options["resources"] = wanted
+    return options
+
+
+def golden_key_of(case, kern) -> str | None:
+    """The golden this item reads, or None when it reads none (an expected-error case, a
+    case its kernel or backend does not take): the same decisions as runner._run_case."""
+    if case.expect_error:
+        return None
+    backend = registry.backend(kern.backend)
+    if not backend.available()[0]:
+        return None
+    size = max((math.prod(s) for s in case.input_shapes.values()), default=0)
+    if backend.max_elements is not None and size > backend.max_elements:
+        return None
+    if kern.unsupported(case.dtype, case.params):
+        return None
+    if kern.forward_only and case.backward:
+        if not case.forward:
+            return None
+        import dataclasses
+        case = dataclasses.replace(case, mode="forward")
+    return case.golden_key(registry.op(case.op).golden_version)
+
+
+def golden_memory(case) -> int:
+    """Bytes a golden task asks Ray for: its float64 inputs times GOLDEN_FACTOR."""
+    elements = sum(math.prod(s) for s in case.input_shapes.values())
+    return int(8 * elements * GOLDEN_FACTOR * max(1, case.steps if case.steps < 4 else 4))
+
+
+# -- the run -------------------------------------------------------------------------
+
+@dataclass
+class Options:
+    spec: str
+    context: NodeContext
+    retries: int = 1
+    golden_cpus: float = 1
+    progress_every: float = 10.0
+
+
+@dataclass
+class Outcome:
+    rows: list[dict]
+    warnings: list[str]
+    nodes: dict[str, dict]           # worker label's node -> its environment
+    info: dict = field(default_factory=dict)  # cluster, timings, counts for results.json
+
+
+@dataclass
+class _Attempt:
+    kind: str                        # golden | kernel
+    index: int                       # item index (kernel) or golden key's index
+    number: int                      # 1, 2, ...
+    submitted: float
+    token: str
+    cancelled: str = ""              # why the driver cancelled it
+
+
+def execute(items: list, opts: Options) -> Outcome:
+    """Run ``items`` (case, kernel) on the cluster; every item ends as rows."""
+    ray, started_here = connect(opts.spec)
+    try:
+        return _Run(ray, items, opts).go()
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+class _Run:
+    def __init__(self, ray, items, opts: Options):
+        self.ray, self.items, self.opts = ray, items, opts
+        self.ctx = opts.context
+        self.cluster = ray.cluster_resources()
+        self.rows: dict[int, list[dict]] = {}
+        self.warnings: dict[str, None] = {}
+        self.nodes: dict[str, dict] = {}
+        self.pending: dict = {}      # ObjectRef -> _Attempt
+        self.by_key: dict[str, list[int]] = {}
+        self.keys: list[str] = []
+        self.golden_results: dict[str, dict] = {}
+        self.task_times: list[dict] = []
+        self.retried = 0
+        self.done = 0
+        self.last_progress = time.monotonic()
+        from . import ray_tasks
+        # max_calls=1: a fresh process per case (Ray would reuse a worker, whose device
+        # runtime keeps the first device it saw); retries are the driver's, not Ray's
+        # golden tasks reuse their processes (imports paid once), in a pool of their own:
+        # a runtime env of their own keeps Ray from handing a golden process, which has
+        # imported the user's modules without a device, to a kernel task
+        self.golden_fn = ray.remote(max_retries=0, runtime_env={
+            "env_vars": {"VERIFY_RAY_POOL": "goldens"}})(ray_tasks.golden_task)
+        self.kernel_fn = ray.remote(max_calls=1, max_retries=0)(ray_tasks.kernel_task)
+        # the clock lives on the driver's node, so a lost worker node cannot take it along
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.clock = ray.remote(num_cpus=0)(ray_tasks.RunClock).options(
+            scheduling_strategy=here).remote()
+        self.starts: dict[str, tuple[float, dict]] = {}
+
+    # submission
+    def _golden_options(self, case) -> dict:
+        options = {"num_cpus": self.opts.golden_cpus, "max_retries": 0}
+        if self.cluster.get("golden", 0) >= 1:
+            options["resources"] = {"golden": 1}
+        largest = max((n.get("Resources", {}).get("memory", 0) for n in self.ray.nodes()
+                       if n.get("Alive")), default=0)
+        wanted = golden_memory(case)
+        if largest:
+            options["memory"] = min(wanted, int(largest * 0.9))
+        return options
+
+    def _submit_golden(self, i: int, number: int = 1) -> None:
+        key = self.keys[i]
+        case = self.items[self.by_key[key][0]][0]
+        token = f"golden-{i}-{number}"
+        ref = self.golden_fn.options(**self._golden_options(case)).remote(
+            self.ctx, case, key, self.clock, token)
+        self.pending[ref] = _Attempt("golden", i, number, time.time(), token)
+
+    def _submit_kernel(self, i: int, number: int = 1) -> None:
+        case, kern = self.items[i]
+        options = device_request(registry.backend(kern.backend))
+        missing = [r for r, amount in {**options.get("resources", {}),
+                                       "GPU": options.get("num_gpus", 0)}.items()
+                   if amount and self.cluster.get(r, 0) < amount]
+        if missing:
+            self.rows[i] = [runner.vanished_row(
+                case, kern, f"no node of the Ray cluster has {' and '.join(missing)} "
+                            f"(backend {kern.backend} needs it; cluster: "
+                            f"{_resources_text(self.cluster)})")]
+            self.done += 1
+            return
+        token = f"kernel-{i}-{number}"
+        ref = self.kernel_fn.options(**options).remote(self.ctx, case, kern.backend,
+                                                       kern.name, self.clock, token)
+        self.pending[ref] = _Attempt("kernel", i, number, time.time(), token)
+
+    def go(self) -> Outcome:
+        started = time.time()
+        order = sorted(range(len(self.items)),
+                       key=lambda i: -shards.expected_cost(*self.items[i]))
+        waiting_kernels: list[int] = []
+        for i in order:
+            key = golden_key_of(*self.items[i])
+            if key is None:
+                waiting_kernels.append(i)
+                continue
+            if key not in self.by_key:
+                self.by_key[key] = []
+                self.keys.append(key)
+            self.by_key[key].append(i)
+        for g in range(len(self.keys)):
+            self._submit_golden(g)
+        for i in waiting_kernels:
+            self._submit_kernel(i)
+        while self.pending:
+            ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=POLL_S)
+            for ref in ready:
+                self._finished(ref, self.pending.pop(ref))
+                more, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending),
+                                        timeout=0) if self.pending else ([], None)
+                for r in more:
+                    self._finished(r, self.pending.pop(r))
+            self._enforce_limits()
+            self._progress()
+        rows = [r for i in range(len(self.items)) for r in self.rows.get(i, [])]
+        info = self._info(started)
+        return Outcome(rows, list(self.warnings), self.nodes, info)
+
+    # results
+    def _finished(self, ref, att: _Attempt) -> None:
+        try:
+            result = self.ray.get(ref)
+        except Exception as exc:  # Ray's errors: the task, its process or its node failed
+            self._failed(att, exc)
+            return
+        self.warnings.update(dict.fromkeys(result.get("warnings", [])))
+        if att.kind == "golden":
+            self._golden_done(att, result)
+            return
+        rows = result["rows"]
+        for r in rows:
+            r["attempts"] = att.number
+        self.rows[att.index] = rows
+        node = result["place"]["worker"].rsplit(":", 1)[0]
+        self.nodes.setdefault(node, result["environment"])
+        self.task_times.append({"submit_to_start": result["started"] - att.submitted,
+                                "setup": result["setup_s"], "case": result["case_s"]})
+        self.done += 1
+
+    def _golden_done(self, att: _Attempt, result: dict) -> None:
+        key = self.keys[att.index]
+        if result.get("kind") == "registry" and self.ctx.registry_required:
+            self._cancel_all()
+            raise RegistryAway(f"golden registry required but unavailable: {result['error']}")
+        if "error" in result:  # the kernel tasks meet the same error and make it their rows
+            self.warnings.setdefault(f"golden task for {key[:12]} failed: {result['error']}")
+        self.golden_results[key] = result
+        for i in self.by_key[key]:
+            self._submit_kernel(i)
+
+    def _failed(self, att: _Attempt, exc: BaseException) -> None:
+        name = type(exc).__name__
+        start = self.starts.get(att.token) or self._start_of(att.token)
+        place = start[1] if start else None
+        where = place["worker"] if place else "a node (the task had not started)"
+        if att.cancelled:
+            reason = att.cancelled
+        elif self._node_lost(exc, place):
+            if att.number <= self.opts.retries:
+                self.retried += 1
+                (self._submit_golden if att.kind == "golden" else self._submit_kernel)(
+                    att.index, att.number + 1)
+                return
+            reason = (f"node lost: {where} went away ({name}); tried {att.number} time(s), "
+                      f"--retries {self.opts.retries}")
+        elif name == "WorkerCrashedError":
+            reason = (f"kernel process died (a signal, a segfault or an OOM kill) on {where}: "
+                      f"{_first_line(exc)}")
+        elif name == "OutOfMemoryError":
+            reason = f"out of memory on {where} (Ray's memory monitor): {_first_line(exc)}"
+        elif name == "TaskCancelledError":
+            reason = f"cancelled on {where}"
+        else:
+            cause = getattr(exc, "cause", None) or exc
+            reason = f"harness error on {where}: {type(cause).__name__}: {_first_line(cause)}"
+        if att.kind == "golden":  # its kernel tasks compute the golden themselves
+            key = self.keys[att.index]
+            self.warnings.setdefault(f"golden task for {key[:12]} failed: {reason}")
+            self.golden_results[key] = {"key": key, "error": reason}
+            for i in self.by_key[key]:
+                self._submit_kernel(i)
+            return
+        case, kern = self.items[att.index]
+        row = runner.vanished_row(case, kern, reason)
+        row["attempts"] = att.number
+        if place:
+            row["worker"] = place["worker"]
+        self.rows[att.index] = [row]
+        self.done += 1
+
+    def _node_lost(self, exc, place) -> bool:
+        if type(exc).__name__ in _LOST:
+            return True
+        if type(exc).__name__ != "WorkerCrashedError" or not place:
+            return False
+        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+        return place["node_id"] not in alive
+
+    def _start_of(self, token: str):
+        self._refresh_starts()
+        return self.starts.get(token)
+
+    def _refresh_starts(self) -> None:
+        try:
+            self.starts = self.ray.get(self.clock.starts.remote(), timeout=30)
+        except Exception:  # the clock's node went away: keep what we knew
+            pass
+
+    # limits
+    def _enforce_limits(self) -> None:
+        kernels = [(ref, att) for ref, att in self.pending.items()
+                   if att.kind == "kernel" and not att.cancelled]
+        if not kernels:
+            return
+        self._refresh_starts()
+        now = time.time()
+        for ref, att in kernels:
+            start = self.starts.get(att.token)
+            if start is None:
+                continue
+            case, _ = self.items[att.index]
+            limit = deadline.seconds_for(case.level, self.ctx.case_timeout)
+            if limit and now - start[0] > limit + deadline.STUCK_GRACE:
+                att.cancelled = (f"timed out after {limit:g} s on {start[1]['worker']}, and "
+                                 f"never returned to Python (its process was ended; "
+                                 f"--case-timeout {limit:g}, 0: no limit)")
+                self.ray.cancel(ref, force=True)
+
+    def _cancel_all(self) -> None:
+        for ref in list(self.pending):
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:
+                pass
+        self.pending.clear()
+
+    def _progress(self) -> None:
+        every = self.opts.progress_every
+        now = time.monotonic()
+        if every <= 0 or now - self.last_progress < every:
+            return
+        self.last_progress = now
+        running = sum(1 for a in self.pending.values() if a.kind == "kernel")
+        goldens = sum(1 for a in self.pending.values() if a.kind == "golden")
+        print(f"verify: {self.done}/{len(self.items)} cases done, {running} kernel and "
+              f"{goldens} golden task(s) queued or running on Ray", file=sys.stderr,
+              flush=True)
+
+    def _info(self, started: float) -> dict:
+        nodes = [n for n in self.ray.nodes()]
+        computed = sum(1 for g in self.golden_results.values()
+                       if g.get("source") == "computed")
+        times = self.task_times
+
+        def median(name):
+            values = sorted(t[name] for t in times)
+            return round(values[len(values) // 2], 3) if values else None
+        return {"executor": "ray", "ray": self.ray.__version__,
+                "cluster": _resources_text(self.cluster),
+                "nodes_alive_at_end": sum(1 for n in nodes if n.get("Alive")),
+                "golden_keys": len(self.keys), "goldens_computed": computed,
+                "golden_tasks": {k: {**{f: v for f, v in g.items() if f in
+                                        ("source", "seconds", "error", "pushed")},
+                                     "worker": g.get("place", {}).get("worker")}
+                                 for k, g in self.golden_results.items()},
+                "kernel_tasks": len(times), "resubmitted": self.retried,
+                "median_submit_to_start_s": median("submit_to_start"),
+                "median_setup_s": median("setup"), "median_case_s": median("case"),
+                "wall_s": round(time.time() - started, 3)}
+
+
+def _resources_text(resources: dict) -> str:
+    shown = {k: v for k, v in resources.items()
+             if not k.startswith(("node:", "accelerator_type:")) and k not in
+             ("memory", "object_store_memory")}
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(shown.items())) or "none"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
