@@ -14,13 +14,15 @@ from helpers import REPO, run_cli
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 pytestmark = pytest.mark.xdist_group("ray")  # one cluster at a time on a 2-core machine
 HELPERS = os.path.join(os.path.dirname(__file__), "ray_helpers.py")
+REGISTRY_TOKEN = "ray-t0ken"
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """A one-node cluster (NPU: 4, golden: 1, 2 CPUs) held by a process of its own; its
     workers inherit this environment (the session's golden store, PYTHONPATH)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "VERIFY_REGISTRY_TOKEN": REGISTRY_TOKEN}  # the nodes may push to a test registry
     proc = subprocess.Popen([sys.executable, HELPERS, "hold", "NPU=4,golden=1"], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     address = proc.stdout.readline().strip()
@@ -66,6 +68,30 @@ def test_ray_rows_equal_xdist_rows_and_each_golden_is_computed_once(tmp_path, cl
     assert {r.get("golden_source") for r in doc["rows"]} <= {"local", None}  # never computed
     assert all(r["worker"].startswith("ray:") and r["attempts"] == 1 for r in doc["rows"])
     assert any(k.startswith("node ray:") for k in doc["meta"]["environment"])
+
+
+def test_goldens_travel_through_the_registry_between_stores(tmp_path, cluster):
+    """Golden tasks push what they compute to the registry; a run whose nodes have
+    another (empty) store fetches every golden from it instead of computing it."""
+    from helpers import Service
+
+    from verify.registry_client import RegistryClient
+    service = Service(tmp_path / "registry-store", token=REGISTRY_TOKEN)
+    try:
+        for run_id in ("first", "second"):
+            out = run_cli("run", "--level", "L0", "--op", "mean", "--dtype", "fp32",
+                          "--backend", "torch", "--ray", cluster, "--registry", service.url,
+                          "--store", tmp_path / f"store-{run_id}", "--reports", tmp_path,
+                          "--run-id", run_id)
+            assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        keys = RegistryClient(service.url).keys()
+    finally:
+        service.stop()
+    first = json.loads((tmp_path / "first" / "results.json").read_text())["meta"]["ray"]
+    second = json.loads((tmp_path / "second" / "results.json").read_text())["meta"]["ray"]
+    assert first["goldens_computed"] == first["golden_keys"] == len(keys) >= 2, first
+    assert {g["source"] for g in second["golden_tasks"].values()} == {"registry"}, second
+    assert set(second["golden_tasks"]) == set(keys)
 
 
 DEVICE_KERNELS = '''
@@ -148,6 +174,12 @@ def test_usage_errors_under_ray(tmp_path):
     assert out.returncode == 2 and "-n and --ray" in out.stderr, out.stderr
     out = run_cli("run", "--level", "L0", "--op", "mean", "--ray", "local:NPU=x")
     assert out.returncode == 2 and "RESOURCE=AMOUNT" in out.stderr, out.stderr
+    out = run_cli("run", "--level", "L0", "--op", "mean", "--ray", "local", "-k", "fp32")
+    assert out.returncode == 2 and "-k" in out.stderr, out.stderr
+    # a required registry that is away: exit 2 before any cluster starts
+    out = run_cli("run", "--level", "L0", "--op", "mean", "--ray", "local:NPU=1",
+                  "--registry", "http://127.0.0.1:9", "--registry-required")
+    assert out.returncode == 2 and "not reachable" in out.stderr, out.stderr
 
 
 def test_without_ray_installed_ray_is_a_usage_error_with_the_install_hint(tmp_path):
