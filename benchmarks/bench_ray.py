@@ -99,7 +99,7 @@ def main() -> None:
     print(f"L1 selection ({' '.join(SELECTION)}): {len(xdist)} rows, goldens computed "
           f"(cold store) in each run")
     print(f"{'executor':<34}{'wall s':>8}{'identical rows':>16}{'submit->start':>15}"
-          f"{'setup':>8}{'case':>8}")
+          f"{'(process)':>10}{'setup':>8}{'case':>8}")
     print(f"{'-n 2 (pytest-xdist)':<34}{t_x:8.1f}{'-':>16}")
     for label, run_id, wall in (("--ray local (cluster start incl.)", "local", t_l),
                                 ("4-node local cluster", "nodes", t_n)):
@@ -107,7 +107,8 @@ def main() -> None:
         same = sum(1 for k, v in xdist.items() if rows.get(k) == v)
         info = meta["ray"]
         print(f"{label:<34}{wall:8.1f}{f'{same}/{len(xdist)}':>16}"
-              f"{info['median_submit_to_start_s']:15.2f}{info['median_setup_s']:8.2f}"
+              f"{info['median_submit_to_start_s']:15.2f}{info['median_process_start_s']:10.2f}"
+              f"{info['median_setup_s']:8.2f}"
               f"{info['median_case_s']:8.2f}")
     print(f"one-node cluster: start {start_local:.1f} s, PSS of Ray's processes "
           f"{pss_local:.0f} MiB, shutdown {stop_local:.1f} s")

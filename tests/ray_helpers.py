@@ -69,8 +69,12 @@ def nodes(out_json: str, kernels: str, store: str, reports: str) -> None:
     result = done["result"]
     ray.shutdown()
     cluster.shutdown()
+    seen = json.load(open(os.path.join(reports, "nodes", "results.json")))["meta"]["ray"][
+        "node_loss_seen"]
     json.dump({"cluster_up_s": up, "head": head, "killed": victim is not None,
                "kill_to_rows_s": None if killed_at is None else ended - killed_at,
+               "kill_to_loss_seen_s": None if not (seen and killed_at) else
+               min(seen) - killed_at,
                "run_dir": str(result.run_dir), "exit_status": result.exit_status},
               open(out_json, "w"))
 

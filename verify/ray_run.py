@@ -145,31 +145,38 @@ def device_request(backend: registry.Backend) -> dict:
     return options
 
 
+def skipped_anywhere(case, kern) -> bool:
+    """The item is a SKIP row whatever node runs it (its kernel does not cover the case,
+    or the case is over its backend's size cap): the driver writes that row itself, as
+    runner._run_case would, instead of starting a process for it."""
+    if case.expect_error:
+        return False  # a kernel's input checks are judged whatever it covers
+    backend = registry.backend(kern.backend)
+    size = max((math.prod(s) for s in case.input_shapes.values()), default=0)
+    if backend.max_elements is not None and size > backend.max_elements:
+        return True
+    if kern.unsupported(case.dtype, case.params):
+        return True
+    return kern.forward_only and case.backward and not case.forward
+
+
 def golden_key_of(case, kern) -> str | None:
     """The golden this item reads, or None when it reads none (an expected-error case, a
     case its kernel or backend does not take): the same decisions as runner._run_case."""
-    if case.expect_error:
-        return None
-    backend = registry.backend(kern.backend)
-    if not backend.available()[0]:
-        return None
-    size = max((math.prod(s) for s in case.input_shapes.values()), default=0)
-    if backend.max_elements is not None and size > backend.max_elements:
-        return None
-    if kern.unsupported(case.dtype, case.params):
+    if case.expect_error or skipped_anywhere(case, kern):
         return None
     if kern.forward_only and case.backward:
-        if not case.forward:
-            return None
         import dataclasses
         case = dataclasses.replace(case, mode="forward")
     return case.golden_key(registry.op(case.op).golden_version)
 
 
 def golden_memory(case) -> int:
-    """Bytes a golden task asks Ray for: its float64 inputs times GOLDEN_FACTOR."""
+    """Bytes a golden task asks Ray for: its float64 inputs times GOLDEN_FACTOR (inputs,
+    outputs, temporaries), times the steps it keeps (at most 4: multi-step cases are
+    small)."""
     elements = sum(math.prod(s) for s in case.input_shapes.values())
-    return int(8 * elements * GOLDEN_FACTOR * max(1, case.steps if case.steps < 4 else 4))
+    return int(8 * elements * GOLDEN_FACTOR * min(max(1, case.steps), 4))
 
 
 # -- the run -------------------------------------------------------------------------
@@ -216,6 +223,8 @@ class _Run:
         self.ray, self.items, self.opts = ray, items, opts
         self.ctx = opts.context
         self.cluster = ray.cluster_resources()
+        self.largest_memory = max((n.get("Resources", {}).get("memory", 0)
+                                   for n in ray.nodes() if n.get("Alive")), default=0)
         self.rows: dict[int, list[dict]] = {}
         self.warnings: dict[str, None] = {}
         self.nodes: dict[str, dict] = {}
@@ -225,6 +234,7 @@ class _Run:
         self.golden_results: dict[str, dict] = {}
         self.task_times: list[dict] = []
         self.retried = 0
+        self.lost_seen: list[float] = []  # when the driver learnt of each lost task
         self.done = 0
         self.last_progress = time.monotonic()
         from . import ray_tasks
@@ -245,14 +255,11 @@ class _Run:
 
     # submission
     def _golden_options(self, case) -> dict:
-        options = {"num_cpus": self.opts.golden_cpus, "max_retries": 0}
+        options = {"num_cpus": self.opts.golden_cpus}
         if self.cluster.get("golden", 0) >= 1:
             options["resources"] = {"golden": 1}
-        largest = max((n.get("Resources", {}).get("memory", 0) for n in self.ray.nodes()
-                       if n.get("Alive")), default=0)
-        wanted = golden_memory(case)
-        if largest:
-            options["memory"] = min(wanted, int(largest * 0.9))
+        if self.largest_memory:  # never more than a node has: the task would wait forever
+            options["memory"] = min(golden_memory(case), int(self.largest_memory * 0.9))
         return options
 
     def _submit_golden(self, i: int, number: int = 1) -> None:
@@ -287,6 +294,11 @@ class _Run:
                        key=lambda i: -shards.expected_cost(*self.items[i]))
         waiting_kernels: list[int] = []
         for i in order:
+            if skipped_anywhere(*self.items[i]):
+                self.rows[i] = [dict(r, worker="driver", attempts=0)
+                                for r in runner.run_case(*self.items[i])]
+                self.done += 1
+                continue
             key = golden_key_of(*self.items[i])
             if key is None:
                 waiting_kernels.append(i)
@@ -331,6 +343,7 @@ class _Run:
         node = result["place"]["worker"].rsplit(":", 1)[0]
         self.nodes.setdefault(node, result["environment"])
         self.task_times.append({"submit_to_start": result["started"] - att.submitted,
+                                "process": result.get("process_s") or 0.0,
                                 "setup": result["setup_s"], "case": result["case_s"]})
         self.done += 1
 
@@ -353,6 +366,7 @@ class _Run:
         if att.cancelled:
             reason = att.cancelled
         elif self._node_lost(exc, place):
+            self.lost_seen.append(time.time())
             if att.number <= self.opts.retries:
                 self.retried += 1
                 (self._submit_golden if att.kind == "golden" else self._submit_kernel)(
@@ -461,7 +475,10 @@ class _Run:
                                      "worker": g.get("place", {}).get("worker")}
                                  for k, g in self.golden_results.items()},
                 "kernel_tasks": len(times), "resubmitted": self.retried,
+                "node_loss_seen": self.lost_seen,
                 "median_submit_to_start_s": median("submit_to_start"),
+                # of which the task's own process starting (Python, Ray, torch imports)
+                "median_process_start_s": median("process"),
                 "median_setup_s": median("setup"), "median_case_s": median("case"),
                 "wall_s": round(time.time() - started, 3)}
 
