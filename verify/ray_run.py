@@ -369,6 +369,9 @@ class _Run:
             self.lost_seen.append(time.time())
             if att.number <= self.opts.retries:
                 self.retried += 1
+                # what the surviving nodes offer: a case whose resource went with the lost
+                # node(s) becomes an ERROR row instead of waiting for it forever
+                self.cluster = self.ray.cluster_resources()
                 (self._submit_golden if att.kind == "golden" else self._submit_kernel)(
                     att.index, att.number + 1)
                 return
