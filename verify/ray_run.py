@@ -238,13 +238,14 @@ class _Run:
         self.done = 0
         self.last_progress = time.monotonic()
         from . import ray_tasks
-        # max_calls=1: a fresh process per case (Ray would reuse a worker, whose device
-        # runtime keeps the first device it saw); retries are the driver's, not Ray's
-        # golden tasks reuse their processes (imports paid once), in a pool of their own:
-        # a runtime env of their own keeps Ray from handing a golden process, which has
-        # imported the user's modules without a device, to a kernel task
+        # Retries are the driver's, not Ray's (max_retries=0). Golden tasks reuse their
+        # processes (imports paid once) in a pool of their own: a runtime env of their own
+        # keeps Ray from handing a golden process, which imported the user's modules
+        # without a device, to a kernel task.
         self.golden_fn = ray.remote(max_retries=0, runtime_env={
             "env_vars": {"VERIFY_RAY_POOL": "goldens"}})(ray_tasks.golden_task)
+        # max_calls=1: a fresh process per case (Ray would reuse a worker, whose device
+        # runtime keeps the first device it saw)
         self.kernel_fn = ray.remote(max_calls=1, max_retries=0)(ray_tasks.kernel_task)
         # the clock lives on the driver's node, so a lost worker node cannot take it along
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -292,7 +293,7 @@ class _Run:
         started = time.time()
         order = sorted(range(len(self.items)),
                        key=lambda i: -shards.expected_cost(*self.items[i]))
-        waiting_kernels: list[int] = []
+        no_golden: list[int] = []  # expected-error cases: their kernels run at once
         for i in order:
             if skipped_anywhere(*self.items[i]):
                 self.rows[i] = [dict(r, worker="driver", attempts=0)
@@ -301,7 +302,7 @@ class _Run:
                 continue
             key = golden_key_of(*self.items[i])
             if key is None:
-                waiting_kernels.append(i)
+                no_golden.append(i)
                 continue
             if key not in self.by_key:
                 self.by_key[key] = []
@@ -309,7 +310,7 @@ class _Run:
             self.by_key[key].append(i)
         for g in range(len(self.keys)):
             self._submit_golden(g)
-        for i in waiting_kernels:
+        for i in no_golden:
             self._submit_kernel(i)
         while self.pending:
             ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=POLL_S)
