@@ -12,6 +12,7 @@ from typing import Sequence
 import pandas as pd
 
 from . import deadline, golden_source, notices, results, runner, selection, shards
+from .ray_tasks import NodeContext
 
 
 @dataclass
@@ -87,64 +88,49 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
     ``shard='I/N'``: only shard I of N of the selection (``verify merge`` joins them)."""
     seconds = deadline.check_seconds(case_timeout, "case_timeout")
     repeats = selection.check_count(time, "time")
+    retries = selection.check_count(retries, "retries", most=100)
+    if ray is not None:
+        from . import ray_run
+        ray_run.prepare(ray)  # a bad spec or a missing extra: a usage error before anything
     run_dir = None if reports is False else results.reserve_run_dir(reports or None, run_id)
     notices.drain()  # warnings of an earlier run in this process are not this run's
-    retries = selection.check_count(retries, "retries", most=100)
     plan = selection.build(selection.Selection(
         level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
         kernel_modules=list(kernels)))
-    selection_id = shards.selection_id(shards.item_name(c, k) for c, k in plan.items)
-    if shard:
-        index, count = shards.parse(shard)
-        plan.items = shards.pick(plan.items, index, count, shards.item_name)
-        shard = f"{index}/{count}"
+    plan.items, selection_id, shard = shards.take(plan.items, shard)
     golden_source.configure(store, registry, registry_required)
     runner.TIMING["repeats"] = repeats
     runner.CASE_LIMIT["seconds"] = seconds
     runner.BENCHMARK["backend"] = selection.check_benchmark_backend(benchmark_backend)
-    environment = results.environment()
-    extra: dict = {}
     t0 = clock.time()
+    meta: dict = {}
+    node_lines: dict = {}
     if ray is not None:
-        rows, warnings, extra = _on_ray(plan, ray, retries, progress_every, store,
-                                        registry, registry_required, seconds, repeats,
-                                        benchmark_backend, list(kernels))
-        environment.update(extra.pop("nodes"))
+        ctx = NodeContext(
+            cwd=os.getcwd(), kernel_modules=list(kernels),
+            backends=list(dict.fromkeys(plan.backends + ([benchmark_backend]
+                                                         if benchmark_backend else []))),
+            store=os.path.abspath(store) if store else None,
+            registry=registry or os.environ.get("VERIFY_REGISTRY") or None,
+            registry_required=registry_required, case_timeout=seconds,
+            time_repeats=repeats, benchmark_backend=benchmark_backend)
+        outcome = ray_run.execute(plan.items, ray_run.Options(
+            ray, ctx, retries=retries, progress_every=progress_every))
+        rows, warnings = outcome.rows, outcome.warnings
+        meta["ray"] = outcome.info
+        node_lines = ray_run.node_lines(outcome.nodes)
     else:
-        rows = []
+        rows, warnings = [], []
         with _progress(len(plan.items)) as advance:
             for case, kern in plan.items:
                 advance(case.op)
                 rows.extend(runner.run_case(case, kern))
-        warnings = []
     warnings = list(dict.fromkeys(warnings + notices.drain()))
     if run_dir is not None:
-        results.write(rows, run_dir, {"run_id": run_dir.name, "level": level,
-                                      "environment": environment, "warnings": warnings,
-                                      "timing": {"configured": t0, "reports_start": clock.time()},
-                                      "selection": selection_id, "shard": shard,
-                                      "harness": shards.harness_id(), **extra})
+        results.write(rows, run_dir, {
+            "run_id": run_dir.name, "level": level,
+            "environment": {**results.environment(), **node_lines}, "warnings": warnings,
+            "timing": {"configured": t0, "reports_start": clock.time()},
+            "selection": selection_id, "shard": shard, "harness": shards.harness_id(),
+            **meta})
     return RunResult(rows, run_dir, warnings)
-
-
-def _on_ray(plan, spec, retries, progress_every, store, registry, registry_required,
-            case_timeout, repeats, benchmark_backend, kernels):
-    """The plan as Ray tasks: rows, warnings, and what results.json's meta and the
-    report's environment section get (the cluster, each node's software and device)."""
-    from . import ray_run
-    from .ray_tasks import NodeContext
-
-    ray_run.parse_spec(spec)  # a usage error before anything starts
-    ctx = NodeContext(
-        cwd=os.getcwd(), kernel_modules=kernels,
-        backends=list(dict.fromkeys(plan.backends + ([benchmark_backend]
-                                                     if benchmark_backend else []))),
-        store=os.path.abspath(store) if store else None,
-        registry=registry or os.environ.get("VERIFY_REGISTRY") or None,
-        registry_required=registry_required, case_timeout=case_timeout,
-        time_repeats=repeats, benchmark_backend=benchmark_backend)
-    outcome = ray_run.execute(plan.items, ray_run.Options(spec, ctx, retries=retries,
-                                                          progress_every=progress_every))
-    nodes = {f"node {name}": ", ".join(f"{k} {v}" for k, v in env.items())
-             for name, env in sorted(outcome.nodes.items())}
-    return outcome.rows, outcome.warnings, {"nodes": nodes, "ray": outcome.info}

@@ -282,8 +282,6 @@ def _run_on_ray(a) -> int:
     if a.keyword:
         raise ConfigError("-k is pytest's item filter and does not apply under --ray; "
                           "select with --op, --dtype, --backend and --level")
-    ray_run.parse_spec(a.ray)
-    ray_run.import_ray(a.ray)
     from . import api, results
     try:
         result = api.run(level=a.level, ops=a.op or None, backends=a.backend or None,

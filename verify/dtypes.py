@@ -78,4 +78,4 @@ def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     v = x.detach().to("cpu", torch.float64).contiguous().reshape(-1).numpy()
     r = np.empty_like(v)
     _round_range(v, v.view(np.int64), 0, v.shape[0], _rounding_of(dtype), r)
-    return torch.from_numpy(r).reshape(x.shape).to(dtype)  # exact now: no second rounding  # exactly representable now: no second rounding
+    return torch.from_numpy(r).reshape(x.shape).to(dtype)  # exact now: no second rounding

@@ -219,17 +219,33 @@ class GoldenResolver:
         while len(self._memory) > MEMORY_GOLDENS:
             self._memory.pop(next(iter(self._memory)))
 
-    def _push(self, key: str) -> None:
-        if self.client is None or not self.client.token:
-            return
+    def _push(self, key: str) -> bool:
+        """Push a stored golden when a write token is set; True when the registry took it."""
+        if self.client is None or not self.client.token or self.store is None:
+            return False
         try:
             status = self.client.push(key, self.store)
             if status not in (200, 201):
                 notices.warn(f"pushing golden {key[:12]} to the registry: HTTP {status}")
+            return status in (200, 201)
         except RegistryUnavailable as exc:
             self._registry_down(exc)
         except STORE_FAULTS as exc:
             self.degrade(exc)
+        return False
+
+    def publish(self, key: str) -> bool:
+        """Make sure the registry holds a golden of the store (a cluster run's golden task:
+        kernel tasks on other nodes fetch it from there); True when it was pushed now."""
+        if self.client is None or not self.client.token:
+            return False
+        try:
+            if self.client.exists(key):
+                return False
+        except RegistryUnavailable as exc:
+            self._registry_down(exc)
+            return False
+        return self._push(key)
 
 
 def _provenance(spec: OpSpec, first_inputs: dict) -> dict:

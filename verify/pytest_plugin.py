@@ -138,13 +138,9 @@ def _take_shard(config) -> None:
     """--shard I/N: keep this shard's items; the whole selection's id goes in the meta so
     verify merge can tell shards of one selection from runs of another."""
     plan = config._verify_plan
-    config._verify_selection = shards.selection_id(item_name(c, k) for c, k in plan.items)
     config._verify_selection_size = len(plan.items)
-    config._verify_shard = None
-    if config.getoption("--shard"):
-        index, count = shards.parse(config.getoption("--shard"))
-        plan.items = shards.pick(plan.items, index, count, item_name)
-        config._verify_shard = f"{index}/{count}"
+    plan.items, config._verify_selection, config._verify_shard = shards.take(
+        plan.items, config.getoption("--shard"))
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -28,6 +28,7 @@ from .ray_tasks import NodeContext
 
 RAY_EXTRA = "pip install 'kernel-verify[ray]'"
 POLL_S = 0.25          # how often the driver looks at finished tasks and the clock
+GOLDEN_CPUS = 1        # CPUs of a golden task
 GOLDEN_FACTOR = 4      # memory of a golden task: float64 inputs x this (outputs, temporaries)
 OBJECT_STORE_BYTES = 256 << 20  # a local cluster's object store: rows only travel through it
 _LOST = ("NodeDiedError", "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError",
@@ -38,17 +39,18 @@ class RegistryAway(Exception):
     """The registry is required (--registry-required) and went away mid-run: exit 2."""
 
 
-def import_ray(spec: str | None = None):
-    """Ray, imported here only; for an explicit HOST:PORT the token settings go first
-    (Ray reads RAY_AUTH_MODE when it is imported)."""
-    if spec is not None and "address" in parse_spec(spec) and parse_spec(spec)["address"] != \
-            "auto" and "ray" not in sys.modules:
+def prepare(spec: str) -> dict:
+    """The parsed ``--ray`` spec, with Ray importable (else a usage error naming the
+    extra): checked before a run plans anything. For an explicit HOST:PORT the token
+    settings go first, as Ray reads RAY_AUTH_MODE when it is imported."""
+    how = parse_spec(spec)
+    if how.get("address", "auto") != "auto" and "ray" not in sys.modules:
         _token_auth_when_a_token_is_here()
     try:
-        import ray
+        import ray  # noqa: F401
     except ImportError:
         raise ConfigError(f"--ray needs Ray, which is not installed here: {RAY_EXTRA}") from None
-    return ray
+    return how
 
 
 _LOCAL = re.compile(r"local(?::(.*))?")
@@ -90,8 +92,8 @@ def parse_spec(spec: str) -> dict:
 
 def connect(spec: str):
     """ray.init for the spec; returns (ray, started_here)."""
-    ray = import_ray(spec)
-    how = parse_spec(spec)
+    how = prepare(spec)
+    import ray
     common = {"log_to_driver": False, "logging_level": "WARNING", "include_dashboard": False}
     if ray.is_initialized():  # a caller (a test, a notebook) connected already
         return ray, False
@@ -146,18 +148,9 @@ def device_request(backend: registry.Backend) -> dict:
 
 
 def skipped_anywhere(case, kern) -> bool:
-    """The item is a SKIP row whatever node runs it (its kernel does not cover the case,
-    or the case is over its backend's size cap): the driver writes that row itself, as
-    runner._run_case would, instead of starting a process for it."""
-    if case.expect_error:
-        return False  # a kernel's input checks are judged whatever it covers
-    backend = registry.backend(kern.backend)
-    size = max((math.prod(s) for s in case.input_shapes.values()), default=0)
-    if backend.max_elements is not None and size > backend.max_elements:
-        return True
-    if kern.unsupported(case.dtype, case.params):
-        return True
-    return kern.forward_only and case.backward and not case.forward
+    """The item is a SKIP row whatever node runs it (runner.skip_reason): the driver writes
+    that row itself instead of starting a process for it."""
+    return bool(runner.skip_reason(case, kern, registry.backend(kern.backend)))
 
 
 def golden_key_of(case, kern) -> str | None:
@@ -165,9 +158,7 @@ def golden_key_of(case, kern) -> str | None:
     case its kernel or backend does not take): the same decisions as runner._run_case."""
     if case.expect_error or skipped_anywhere(case, kern):
         return None
-    if kern.forward_only and case.backward:
-        import dataclasses
-        case = dataclasses.replace(case, mode="forward")
+    case = runner.judged_case(case, kern)
     return case.golden_key(registry.op(case.op).golden_version)
 
 
@@ -186,7 +177,6 @@ class Options:
     spec: str
     context: NodeContext
     retries: int = 1
-    golden_cpus: float = 1
     progress_every: float = 10.0
 
 
@@ -235,7 +225,6 @@ class _Run:
         self.task_times: list[dict] = []
         self.retried = 0
         self.lost_seen: list[float] = []  # when the driver learnt of each lost task
-        self.done = 0
         self.last_progress = time.monotonic()
         from . import ray_tasks
         # Retries are the driver's, not Ray's (max_retries=0). Golden tasks reuse their
@@ -256,7 +245,7 @@ class _Run:
 
     # submission
     def _golden_options(self, case) -> dict:
-        options = {"num_cpus": self.opts.golden_cpus}
+        options = {"num_cpus": GOLDEN_CPUS}
         if self.cluster.get("golden", 0) >= 1:
             options["resources"] = {"golden": 1}
         if self.largest_memory:  # never more than a node has: the task would wait forever
@@ -282,7 +271,6 @@ class _Run:
                 case, kern, f"no node of the Ray cluster has {' and '.join(missing)} "
                             f"(backend {kern.backend} needs it; cluster: "
                             f"{_resources_text(self.cluster)})")]
-            self.done += 1
             return
         token = f"kernel-{i}-{number}"
         ref = self.kernel_fn.options(**options).remote(self.ctx, case, kern.backend,
@@ -298,7 +286,6 @@ class _Run:
             if skipped_anywhere(*self.items[i]):
                 self.rows[i] = [dict(r, worker="driver", attempts=0)
                                 for r in runner.run_case(*self.items[i])]
-                self.done += 1
                 continue
             key = golden_key_of(*self.items[i])
             if key is None:
@@ -312,14 +299,11 @@ class _Run:
             self._submit_golden(g)
         for i in no_golden:
             self._submit_kernel(i)
-        while self.pending:
-            ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=POLL_S)
+        while self.pending:  # whatever finished within POLL_S, then the time limits
+            ready, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending),
+                                     timeout=POLL_S)
             for ref in ready:
                 self._finished(ref, self.pending.pop(ref))
-                more, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending),
-                                        timeout=0) if self.pending else ([], None)
-                for r in more:
-                    self._finished(r, self.pending.pop(r))
             self._enforce_limits()
             self._progress()
         rows = [r for i in range(len(self.items)) for r in self.rows.get(i, [])]
@@ -346,14 +330,18 @@ class _Run:
         self.task_times.append({"submit_to_start": result["started"] - att.submitted,
                                 "process": result.get("process_s") or 0.0,
                                 "setup": result["setup_s"], "case": result["case_s"]})
-        self.done += 1
 
     def _golden_done(self, att: _Attempt, result: dict) -> None:
         key = self.keys[att.index]
         if result.get("kind") == "registry" and self.ctx.registry_required:
             self._cancel_all()
             raise RegistryAway(f"golden registry required but unavailable: {result['error']}")
-        if "error" in result:  # the kernel tasks meet the same error and make it their rows
+        self._golden_settled(key, result)
+
+    def _golden_settled(self, key: str, result: dict) -> None:
+        """The golden task of ``key`` ended: its kernel tasks go. When it failed, they
+        meet the same error (or compute the golden themselves) and make it their rows."""
+        if "error" in result:
             self.warnings.setdefault(f"golden task for {key[:12]} failed: {result['error']}")
         self.golden_results[key] = result
         for i in self.by_key[key]:
@@ -388,12 +376,9 @@ class _Run:
         else:
             cause = getattr(exc, "cause", None) or exc
             reason = f"harness error on {where}: {type(cause).__name__}: {_first_line(cause)}"
-        if att.kind == "golden":  # its kernel tasks compute the golden themselves
+        if att.kind == "golden":
             key = self.keys[att.index]
-            self.warnings.setdefault(f"golden task for {key[:12]} failed: {reason}")
-            self.golden_results[key] = {"key": key, "error": reason}
-            for i in self.by_key[key]:
-                self._submit_kernel(i)
+            self._golden_settled(key, {"key": key, "error": reason})
             return
         case, kern = self.items[att.index]
         row = runner.vanished_row(case, kern, reason)
@@ -401,7 +386,6 @@ class _Run:
         if place:
             row["worker"] = place["worker"]
         self.rows[att.index] = [row]
-        self.done += 1
 
     def _node_lost(self, exc, place) -> bool:
         if type(exc).__name__ in _LOST:
@@ -457,12 +441,12 @@ class _Run:
         self.last_progress = now
         running = sum(1 for a in self.pending.values() if a.kind == "kernel")
         goldens = sum(1 for a in self.pending.values() if a.kind == "golden")
-        print(f"verify: {self.done}/{len(self.items)} cases done, {running} kernel and "
+        print(f"verify: {len(self.rows)}/{len(self.items)} cases done, {running} kernel and "
               f"{goldens} golden task(s) queued or running on Ray", file=sys.stderr,
               flush=True)
 
     def _info(self, started: float) -> dict:
-        nodes = [n for n in self.ray.nodes()]
+        nodes = self.ray.nodes()
         computed = sum(1 for g in self.golden_results.values()
                        if g.get("source") == "computed")
         times = self.task_times
@@ -485,6 +469,12 @@ class _Run:
                 "median_process_start_s": median("process"),
                 "median_setup_s": median("setup"), "median_case_s": median("case"),
                 "wall_s": round(time.time() - started, 3)}
+
+
+def node_lines(nodes: dict[str, dict]) -> dict[str, str]:
+    """The report's environment lines of the nodes that ran cases."""
+    return {f"node {name}": ", ".join(f"{k} {v}" for k, v in env.items())
+            for name, env in sorted(nodes.items())}
 
 
 def _resources_text(resources: dict) -> str:

@@ -72,19 +72,15 @@ def where() -> dict:
     devices = [f"{kind.lower()}{i}" for kind in ("NPU", "GPU") for i in ids.get(kind, [])]
     node = rc.get_node_id()
     ip = ray.util.get_node_ip_address()
-    return {"node_id": node, "ip": ip, "devices": devices, "pid": os.getpid(),
-            "worker": f"ray:{ip}:{node[:8]}:{','.join(devices) or 'cpu'}"}
+    return {"node_id": node, "worker": f"ray:{ip}:{node[:8]}:{','.join(devices) or 'cpu'}"}
 
 
 def node_environment(device: str) -> dict:
     """The software and device of this node, for the report's environment section: on a
     cluster the driver's environment is not the kernels'."""
     from . import results
-    env = {"python": sys.version.split()[0], "torch": results._version("torch"),
-           "torch_npu": results._version("torch-npu"), "triton": results._version("triton"),
-           "kernel-verify": results._version("kernel-verify"), "cann": _cann_version(),
-           "device": _device_name(device)}
-    return env
+    return {**results.versions(("python", "torch", "torch_npu", "triton", "kernel-verify")),
+            "cann": _cann_version(), "device": _device_name(device)}
 
 
 def _cann_version() -> str:
@@ -139,11 +135,9 @@ def golden_task(ctx: NodeContext, case, key: str, clock, token: str) -> dict:
         from . import golden_source, registry
         resolver = golden_source.resolver()
         golden = resolver.get(registry.op(case.op), case)
-        pushed = False
-        client = resolver.client
-        if (golden.source != golden_source.COMPUTED and client is not None and client.token
-                and resolver.store is not None and not client.exists(key)):
-            pushed = client.push(key, resolver.store) in (200, 201)
+        # computed goldens were pushed by get(); one found in this node's store may be
+        # missing from the registry, where kernel tasks on other nodes look for it
+        pushed = golden.source == golden_source.LOCAL and resolver.publish(key)
         out = {"key": key, "source": golden.source, "seconds": golden.seconds,
                "pushed": pushed}
     except Exception as exc:
@@ -151,7 +145,7 @@ def golden_task(ctx: NodeContext, case, key: str, clock, token: str) -> dict:
         kind = "registry" if isinstance(exc, RegistryUnavailable) else "golden"
         out = {"key": key, "error": f"{type(exc).__name__}: {exc}", "kind": kind}
     from . import notices
-    out.update(warnings=notices.drain(), place=place, started=started, ended=time.time())
+    out.update(warnings=notices.drain(), place=place)
     return out
 
 
@@ -165,13 +159,13 @@ def kernel_task(ctx: NodeContext, case, backend: str, kernel: str, clock, token:
     set_up = time.time()
     kern = next(k for k in registry.kernels(case.op, [backend]) if k.name == kernel)
     rows = runner.run_case(case, kern)
-    ended = time.time()
+    case_s = time.time() - set_up
     for r in rows:
         r["worker"] = place["worker"]
     return {"rows": rows, "warnings": notices.drain(), "place": place,
             "environment": node_environment(registry.backend(backend).device),
-            "started": started, "process_s": _process_age(started), "setup_s": set_up - started, "case_s": ended - set_up,
-            "ended": ended}
+            "started": started, "process_s": _process_age(started),
+            "setup_s": set_up - started, "case_s": case_s}
 
 
 class RunClock:

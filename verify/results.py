@@ -171,14 +171,21 @@ def _device() -> str:
     return f"cpu: {model or platform.machine()} ({os.cpu_count()} cores)"
 
 
+_DISTRIBUTIONS = {"torch_npu": "torch-npu"}  # report name -> package name, where they differ
+
+
+def versions(names) -> dict[str, str]:
+    """Installed versions by report name ('python' is the interpreter's)."""
+    return {n: platform.python_version() if n == "python"
+            else _version(_DISTRIBUTIONS.get(n, n)) for n in names}
+
+
 def environment(argv: list[str] | None = None) -> dict:
     """What the report's environment section shows (versions without importing extras)."""
     import subprocess
     env = {"command": " ".join(argv if argv is not None else sys.argv),
            "python": platform.python_version(), "platform": platform.platform(),
-           "torch": _version("torch"), "triton": _version("triton"),
-           "torch_npu": _version("torch-npu"), "numpy": _version("numpy"),
-           "numba": _version("numba"), "kernel-verify": _version("kernel-verify"),
+           **versions(("torch", "triton", "torch_npu", "numpy", "numba", "kernel-verify")),
            "device": _device()}
     try:
         env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,

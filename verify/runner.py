@@ -344,6 +344,34 @@ def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     return rows
 
 
+def _forward_only(kern: registry.Kernel) -> str:
+    return f"kernel {kern.backend}:{kern.name} is forward-only (no backward to verify)"
+
+
+def skip_reason(case: Case, kern: registry.Kernel, backend: registry.Backend) -> str:
+    """Why this item is a SKIP row wherever it runs ('' when it runs): a case over the
+    backend's size cap, or one its kernel does not cover. Whether the backend is
+    available is the running machine's question, not asked here."""
+    size = max((math.prod(s) for s in case.input_shapes.values()), default=0)
+    if backend.max_elements is not None and size > backend.max_elements:
+        return (f"{size} elements per input; {backend.name} ({backend.note or 'here'}) "
+                f"takes cases up to {backend.max_elements}: large shapes run on a real device")
+    if case.expect_error:  # a kernel's input checks are judged whatever it covers
+        return ""
+    why = kern.unsupported(case.dtype, case.params)
+    if not why and kern.forward_only and case.backward and not case.forward:
+        why = _forward_only(kern)
+    return why
+
+
+def judged_case(case: Case, kern: registry.Kernel) -> Case:
+    """The case as this kernel is judged: a forward-only kernel of a forward+backward case
+    is judged on the forward (the case's golden then has no gradients)."""
+    if not case.expect_error and kern.forward_only and case.backward:
+        return dataclasses.replace(case, mode="forward")
+    return case
+
+
 def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     spec = registry.op(case.op)
     backend = registry.backend(kern.backend)
@@ -351,23 +379,15 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     ok, why = backend.available()
     if not ok:
         return [skip_row(case, kern, backend, why)]
-    size = max((math.prod(s) for s in case.input_shapes.values()), default=0)
-    if backend.max_elements is not None and size > backend.max_elements:
-        return [skip_row(case, kern, backend,
-                         f"{size} elements per input; {backend.name} ({backend.note or 'here'}) "
-                         f"takes cases up to {backend.max_elements}: large shapes run on a "
-                         f"real device")]
+    why = skip_reason(case, kern, backend)
+    if why:
+        return [skip_row(case, kern, backend, why)]
     grad_skip = ""
-    if not case.expect_error:  # a kernel's input checks are judged whatever it covers
-        why = kern.unsupported(case.dtype, case.params)
-        if not why and kern.forward_only and case.backward:
-            why = f"kernel {kern.backend}:{kern.name} is forward-only (no backward to verify)"
-            if case.forward:  # judge the forward; the gradients are SKIP rows
-                grad_skip, why = why, ""
-                grad_rows = golden_source.grad_names(spec, case)
-                case = dataclasses.replace(case, mode="forward")
-        if why:
-            return [skip_row(case, kern, backend, why)]
+    judged = judged_case(case, kern)
+    if judged is not case:  # judge the forward; the gradients are SKIP rows
+        grad_skip = _forward_only(kern)
+        grad_rows = golden_source.grad_names(spec, case)
+        case = judged
     try:
         first_inputs = inp.make_inputs(case)
         base["inputs_sha"] = inp.fingerprint(first_inputs)

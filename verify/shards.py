@@ -55,6 +55,17 @@ def pick(items: list, index: int, count: int, name_of) -> list:
     return [items[k] for k in sorted(mine)]
 
 
+def take(items: list, shard: str | None) -> tuple[list, str, str | None]:
+    """(this shard's items, the whole selection's id, the shard as 'I/N' or None): the
+    id goes in the run's meta so verify merge can tell shards of one selection from runs
+    of another."""
+    whole = selection_id(item_name(c, k) for c, k in items)
+    if not shard:
+        return list(items), whole, None
+    index, count = parse(shard)
+    return pick(items, index, count, item_name), whole, f"{index}/{count}"
+
+
 def selection_id(names) -> str:
     """A fingerprint of a whole (unsharded) selection: the same cases and kernels give the
     same id on every machine."""
