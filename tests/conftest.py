@@ -13,3 +13,38 @@ def _private_golden_store(tmp_path_factory):
         os.environ.pop("VERIFY_STORE", None)
     else:
         os.environ["VERIFY_STORE"] = old
+
+
+def _from_a_test(fn) -> bool:
+    """A function a test registered (its own module or a user module it loaded), not
+    one of the harness's op packs (verify.goldens, verify.kernels.*)."""
+    return not (getattr(fn, "__module__", "") or "").startswith("verify.")
+
+
+@pytest.fixture(autouse=True)
+def _registrations_end_with_their_test():
+    """Kernels, backward kernels and ops that a test registers in this process are gone
+    after it (a backend left without kernels makes no items): xdist runs many tests in
+    one process, and a later in-process ``verify.run()`` without backends runs every
+    default backend it knows, a test's deliberately bad kernels included. What was
+    registered before the test (the op packs, registrations made when test modules were
+    imported) stays."""
+    import sys
+
+    from verify import registry
+    registry.load_builtin()
+    ops = set(registry._OPS)
+    kernels = {id(k) for k in registry._KERNELS}
+    backwards, modules = set(registry._BACKWARDS), set(sys.modules)
+    yield
+    registry._KERNELS[:] = [k for k in registry._KERNELS
+                            if id(k) in kernels or not _from_a_test(k.fn)]
+    for key in set(registry._BACKWARDS) - backwards:
+        if _from_a_test(registry._BACKWARDS[key]):
+            del registry._BACKWARDS[key]
+    for name in set(registry._OPS) - ops:
+        if _from_a_test(registry._OPS[name].golden_fn):
+            del registry._OPS[name]
+    for name in set(sys.modules) - modules:  # user modules loaded from a path: a later
+        if name.startswith("verify_user_"):   # test loading the same file registers again
+            del sys.modules[name]
