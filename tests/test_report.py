@@ -55,8 +55,17 @@ def test_failing_outputs_get_diff_tables_and_plots(run_dir):
     assert text.count('src="data:image/svg+xml;base64,') >= len(fails)
 
 
-def test_plot_data_is_kept_for_failing_outputs(run_dir):
+def test_plot_data_is_kept_for_every_float_output(run_dir):
+    """Histogram and (2+ dims) heat map for passing outputs too: the report may show any
+    row, and the plot data comes from the metrics pass."""
     rows, _ = results.load(run_dir)
+    judged = [r for r in rows if r["verdict"] in ("PASS", "FAIL")
+              and r["standard"] not in ("expect_error", "exact", "benchmark")
+              and r["out_dtype"] in ("fp32", "fp16", "bf16", "fp64")]
+    assert judged and all(r.get("histogram") for r in judged)
+    wide = [r for r in judged if "x" in str(r["shape"])]
+    assert any(r["verdict"] == "PASS" for r in wide)
+    assert all(r.get("heatmap") for r in wide)
     failing = [r for r in rows if r["verdict"] == "FAIL" and r["standard"] != "expect_error"]
     assert failing and all(r.get("histogram") and r.get("heatmap") for r in failing)
     r = failing[0]

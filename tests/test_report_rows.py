@@ -174,8 +174,8 @@ def test_the_compiled_histogram_gives_the_same_figures():
 
 
 def test_histogram_bins_hold_at_their_edges():
-    """The metrics pass bins by exponent tables, not log10 per element: values at and one
-    ulp either side of every bin edge land where floor((log10(rel) + 12) * 4) puts them."""
+    """The metrics pass bins without log10 per element: values at and one ulp either side
+    of every bin edge land where floor((log10(rel) + 12) * 4) puts them."""
     import math
 
     from verify import metrics, plotdata
@@ -202,10 +202,13 @@ def test_histogram_bins_hold_at_their_edges():
         else:
             # the product can round up to 60 just under 1e3: still the last bin
             want[min(int(math.floor((lg - plotdata.EDGES[0]) * 4)), 59)] += 1
-    got = np.zeros(len(want), dtype=np.int64)
-    metrics._hist_range(a, g, 0, len(a), metrics._HIST_BASE, metrics._HIST_T1,
-                        metrics._HIST_T2, got)
-    assert got.tolist() == want.tolist()
+    n_bins = len(plotdata.EDGES) - 1
+    want = {"counts": want[:n_bins].tolist(), "zero": int(want[n_bins]),
+            "under": int(want[n_bins + 1]), "over": int(want[n_bins + 2])}
+    # float64 actual: the pass bins by a polynomial and flags what lies near an edge;
+    # every value here is near one, and each must still land in log10's bin
+    got = metrics.measure_all(torch.from_numpy(a), torch.from_numpy(g), torch.float64)[2]
+    assert got["actual"] == want
 
 
 def test_every_float_output_gets_its_histogram_from_the_metrics_pass():
@@ -216,3 +219,42 @@ def test_every_float_output_gets_its_histogram_from_the_metrics_pass():
     v = comparison.compare(a, g, dtype=torch.bfloat16, standard="cann_v1")
     assert v.histogram == plotdata.histogram(a, g, torch.bfloat16)
     assert v.histogram == _histogram_by_torch(a, g, torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", [(64, 1100), (100, 7), (2, 3, 40), (33, 65), (70000, 3),
+                                   (3, 70001), (2100, 2000), (1, 1)])
+def test_heat_map_comes_from_the_metrics_pass(shape):
+    """The pass's heat map equals the torch one (adaptive max pooling over columns, rows
+    binned): wide rows (a vectorised max per window), narrow ones (column maxima per row
+    bin), windows that overlap (32 not dividing the columns), rows split across the pass's
+    blocks and chunks, misplaced and matching NaN / Inf, both measures."""
+    from verify import comparison, plotdata
+    gen = torch.Generator().manual_seed(sum(shape))
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    a = (g * (1 + 1e-3 * torch.randn(shape, generator=gen, dtype=torch.float64))).float()
+    flat_a, flat_g = a.view(-1), g.view(-1)
+    if flat_a.numel() > 40:
+        flat_a[7], flat_a[20], flat_g[20], flat_a[33] = float("nan"), float("inf"), \
+            float("inf"), 1e30
+        flat_a[-1] += 0.5  # the last element's cell stands out
+    for standard, atol, rtol in (("cann_v1", None, None), ("allclose", 1e-5, 1.3e-6)):
+        v = comparison.compare(a, g, standard=standard)
+        assert v.heatmap == plotdata.heatmap(a, g, atol, rtol), standard
+        assert v.heatmap["measure"] == ("d/(atol+rtol|g|)" if atol else "d/(|g|+1e-7)")
+        if flat_a.numel() > 40:  # the last element's error is in the last cell
+            d = abs(float(flat_a[-1]) - float(flat_g[-1]))
+            last = d / (atol + rtol * abs(float(flat_g[-1]))) if atol else \
+                d / (abs(float(flat_g[-1])) + 1e-7)
+            assert v.heatmap["grid"][-1][-1] >= 0.99 * last
+
+
+def test_heat_map_values_keep_three_significant_digits():
+    """The vectorised rounding of the heat map's cells gives float(f"{v:.3g}") for every
+    value: ties, powers of ten, beyond the exact powers, subnormals, zero, inf, NaN."""
+    from verify.histbins import three_digits
+    rng = np.random.default_rng(0)
+    v = np.abs(rng.standard_normal((300, 64))) * 10.0 ** rng.uniform(-40, 40, (300, 64))
+    v[0, :14] = [0, 1e300, 1e-300, 5e-324, 123.5, np.inf, np.nan, 1.235, 0.1235, 1e-7, 1e7,
+                 999.5, 99.95, 1e22]
+    want = [[float(f"{x:.3g}") for x in row] for row in v.tolist()]
+    assert np.array_equal(np.array(three_digits(v)), np.array(want), equal_nan=True)

@@ -32,6 +32,7 @@ class Verdict:
     spec: dict | None = None            # the standard with its params
     extra: dict = field(default_factory=dict)  # the benchmark standard's figures
     histogram: dict | None = None  # the report's error histogram, from the metrics pass
+    heatmap: dict | None = None    # the report's heat map (2+ dims), from the same pass
 
     @property
     def passed(self) -> bool:
@@ -90,15 +91,16 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
                        m, None, standards.margin("exact", m, out_dtype), float("nan"),
                        {"name": "exact"})
     name = spec["name"]
-    m, f, hist = measure_all(actual, golden, out_dtype, atol=spec.get("atol"),
-                             rtol=spec.get("rtol"), floor=floor,
-                             scale=float(spec.get("scale", 1.0)))
+    m, f, hist, heat = measure_all(actual, golden, out_dtype, atol=spec.get("atol"),
+                                   rtol=spec.get("rtol"), floor=floor,
+                                   scale=float(spec.get("scale", 1.0)),
+                                   heat="tol" if name == "allclose" else "rel")
     if name == "exact":  # bitwise, never through allclose's tolerances
         em = exact_metrics(actual, golden)
         ok, reason = standards.judge("exact", em, out_dtype, spec)
         return Verdict("PASS" if ok else "FAIL", "exact", reason, "", dt.name_of(out_dtype),
                        m, f, standards.margin("exact", em, out_dtype, spec), float("nan"), spec,
-                       histogram=hist)
+                       histogram=hist, heatmap=heat)
     ok, reason = standards.judge(name, m, out_dtype, spec)
     warnings = []
     floor_margin = float("nan")
@@ -114,7 +116,7 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
     warning = " | ".join(warnings)
     return Verdict("PASS" if ok else "FAIL", name, reason, warning, dt.name_of(out_dtype),
                    m, f, standards.margin(name, m, out_dtype, spec), floor_margin, spec,
-                   histogram=hist)
+                   histogram=hist, heatmap=heat)
 
 
 def compare_benchmark(actual: torch.Tensor, golden: torch.Tensor, bench: torch.Tensor,

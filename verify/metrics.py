@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -55,7 +56,8 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
  C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, C_EPS_ABS, N_CONSTS) = range(14)
 
-from .histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, N_BINS  # noqa: E402
+from .histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, HEAT_GRID, N_BINS  # noqa: E402
+from .histbins import three_digits  # noqa: E402
 
 N_BINS_ = N_BINS  # a global numba freezes as a constant
 _F64_EXP = np.int64(0x7FF0000000000000)
@@ -100,8 +102,24 @@ def _bits_f64(typingctx, x):
     return sig, codegen
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
+# log2(m) for m in [1, 2) as a polynomial in m - 1.5 (least squares on Chebyshev nodes,
+# largest error 1.44e-5): the histogram bin of an element without a logarithm or a table
+# lookup, so that the metrics loop still vectorises
+_L2 = (0.5849504981408198, 0.9618212283041843, -0.3197490950887364, 0.14171815887698785,
+       -0.08001087690681154, 0.04392862784792255)
+_L2_0, _L2_1, _L2_2, _L2_3, _L2_4, _L2_5 = _L2
+_BIN_SCALE = BINS_PER_DECADE * math.log10(2.0)  # bins per octave
+_BIN_SHIFT = -BIN_LO * BINS_PER_DECADE
+# an element whose approximate bin position lies this close to an edge is flagged and
+# binned exactly (by the tables) when counted: 7x the polynomial's error in bins
+_NEAR_EDGE = 1e-4
+FLAG = 0x80  # in a code: bin this element exactly
+ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy", inline="always")
+def _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, with_rels, tols,
+                with_tols):
     eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
     small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
     mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
@@ -176,6 +194,15 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
         allowed = atol + rtol * ag
         n_case += f * (1.0 if d <= allowed else 0.0)
         m_tol = _fmax(m_tol, d / _fmax(allowed, 1e-300))
+        # per element, for the histogram and the heat map: the same NaN / Inf in the same
+        # place is no error (0), any other non-finite pair the largest (1e300), as is any
+        # error beyond it
+        special = 0.0 if eq_special > 0.5 else 1e300
+        if with_rels:  # a constant in each caller below: no test in the loop
+            rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
+        if with_tols:  # allclose's measure d / (atol + rtol |g|)
+            tol = d / _fmax(allowed, 1e-300)
+            tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
     out[N] = n
     out[NONFINITE_BAD] = bad
     out[SPECIAL_EQ] = same
@@ -208,6 +235,101 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
     out[N_GROW] = grow
     out[ARG_ABS] = -1.0
     out[ARG_REL] = -1.0
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
+    """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out."""
+    _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, out, False, out, False)
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels):
+    """_block, and each element's relative error d / (|g| + 1e-7) into rels[0:hi-lo]."""
+    _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, True, rels, False)
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _block_rels_tols(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+    """_block_rels, and each element's d / (atol + rtol |g|) into tols[0:hi-lo]."""
+    _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, True, tols, True)
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _heat_range(vals, first, rows, cols, starts, ends, grid):
+    """Adds vals (the errors of elements first, first + 1, ... of a rows x cols tensor)
+    to the heat map's maxima: grid[i, w] is the largest error in the rows with
+    row * n_row_bins // rows == i and the columns of window w, [starts[w], ends[w]) (the
+    windows of adaptive max pooling, which overlap when they do not divide cols)."""
+    gr, gc = grid.shape[0], grid.shape[1]
+    m = vals.shape[0]
+    done = 0
+    if cols >= 64:  # wide rows: each window's part of a row is one vectorised max
+        while done < m:
+            r = (first + done) // cols
+            c0 = first + done - r * cols
+            c1 = min(cols, c0 + (m - done))
+            at = done - c0  # vals index of this row's column 0
+            i = r * gr // rows
+            for w in range(gc):
+                s, e = max(starts[w], c0), min(ends[w], c1)
+                if s < e:
+                    top = 0.0
+                    for col in range(s, e):
+                        top = _fmax(top, vals[np.uint64(at + col)])
+                    grid[i, w] = max(grid[i, w], top)
+            done += c1 - c0
+        return
+    # narrow rows: a column-wise max over the rows of one row bin, then its windows
+    colmax = np.zeros(cols)
+    current = -1
+    while done < m:
+        r = (first + done) // cols
+        c0 = first + done - r * cols
+        c1 = min(cols, c0 + (m - done))
+        i = r * gr // rows
+        if i != current:
+            if current >= 0:
+                _flush_columns(colmax, starts, ends, grid[current])
+            colmax[:] = 0.0
+            current = i
+        at = done - c0
+        for col in range(c0, c1):
+            colmax[col] = _fmax(colmax[col], vals[np.uint64(at + col)])
+        done += c1 - c0
+    if current >= 0:
+        _flush_columns(colmax, starts, ends, grid[current])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _flush_columns(colmax, starts, ends, cells):
+    for w in range(cells.shape[0]):
+        for col in range(starts[w], ends[w]):
+            cells[w] = max(cells[w], colmax[col])
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _codes_of(rels, codes):
+    """The histogram code of each relative error (rels >= 0, finite): its position
+    y = (log10(rel) + 12) * 4 from the exponent and a polynomial in the significand,
+    no logarithm or table, so the loop vectorises; a code near a bin edge is flagged and
+    binned exactly when counted."""
+    for j in range(rels.shape[0]):
+        i = np.uint64(j)
+        rel = rels[i]
+        rb = _bits_f64(rel)
+        sig = _as_float((rb & _F64_MAN) | np.int64(0x3FF0000000000000)) - 1.5
+        l2 = (sig * (sig * (sig * (sig * (sig * _L2_5 + _L2_4) + _L2_3) + _L2_2) + _L2_1)
+              + _L2_0) + np.float64(((rb >> 52) & 0x7FF) - 1023)
+        # y + 1, held in [0.5, N_BINS + 1.5]: its integer part is the code (0 under,
+        # N_BINS + 1 over), and the clamped ends are no edge
+        y1 = l2 * _BIN_SCALE + (_BIN_SHIFT + 1.0)
+        y1 = y1 if y1 > 0.5 else 0.5
+        y1 = y1 if y1 < N_BINS_ + 1.5 else N_BINS_ + 1.5
+        k = np.int32(y1)
+        near = np.int32(FLAG) if abs(y1 - np.float64(k) - 0.5) > 0.5 - _NEAR_EDGE \
+            else np.int32(0)
+        codes[i] = np.uint8((k | near) if rel > 0.0 else np.int32(ZERO_CODE))
 
 
 _ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
@@ -254,30 +376,27 @@ def _eb_range(x, g, gbits, lo, hi, rp, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _hist_range(x, g, lo, hi, base, t1, t2, out):
-    """Counts per bin of log10(d / (|g| + 1e-7)) (histbins: the bins, then zero, under,
-    over). The bin comes from the binary exponent of the relative error and at most two
-    thresholds in its octave (tables built from log10 itself, so the bins are those of
-    floor((log10(rel) - BIN_LO) * 4)): no logarithm per element, and a first loop without
-    branches computes every element's code before a second one counts them."""
-    codes = np.empty(hi - lo, dtype=np.uint8)
-    for j in range(lo, hi):
-        i = np.uint64(j)
-        av = np.float64(x[i])
-        gv = g[i]
-        # NaN and Inf need no test of their own: the same NaN or Inf in the same place is
-        # 'same' (exact); otherwise rel is NaN or Inf, whose exponent field (2047) the
-        # tables send over the bins
-        same = (av == gv) | ((av != av) & (gv != gv))
-        rel = abs(av - gv) / (abs(gv) + 1e-7)
-        e = np.uint64((_bits_f64(rel) >> 52) & 0x7FF)
-        k = base[e] + (1 if rel >= t1[e] else 0) + (1 if rel >= t2[e] else 0)
-        k = k if k <= N_BINS_ + 1 else N_BINS_ + 1  # 0: under, 1..N_BINS: bins, then over
-        codes[np.uint64(j - lo)] = N_BINS_ + 2 if (same | (rel == 0.0)) else k
-    # four sets of counters, so that runs of equal codes do not wait on each other
-    # (measured: one histogram of 4M elements 15.0 ms with one set, 13.4 ms with four)
-    quad = np.zeros((4, 64), dtype=np.int64)
-    m = hi - lo
+def _exact_code(av, gv, base, t1, t2):
+    """The histogram code of one finite element, exactly: the bin from the binary exponent
+    of d / (|g| + 1e-7) and at most two thresholds in its octave (tables built from log10
+    itself, so the bins are those of floor((log10(rel) - BIN_LO) * 4))."""
+    rel = abs(av - gv) / (abs(gv) + 1e-7)
+    if rel == 0.0:
+        return ZERO_CODE
+    e = np.uint64((_bits_f64(rel) >> 52) & 0x7FF)
+    k = base[e] + (1 if rel >= t1[e] else 0) + (1 if rel >= t2[e] else 0)
+    return k if k <= OVER_CODE else OVER_CODE
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _count_codes(codes, x, g, lo, base, t1, t2, out):
+    """Adds the histogram of one block's codes (written by _block for x[lo:] against
+    g[lo:]) to out (histbins: the bins, then zero, under, over); a flagged code, near a
+    bin edge, is binned exactly from the element itself."""
+    # four sets of counters, so that runs of equal codes do not wait on each other; a
+    # flagged code is counted apart (no branch here) and its element binned afterwards
+    m = codes.shape[0]
+    quad = np.zeros((4, 256), dtype=np.int64)
     for j in range(0, m - 3, 4):
         i = np.uint64(j)
         quad[0, np.uint64(codes[i])] += 1
@@ -286,42 +405,75 @@ def _hist_range(x, g, lo, hi, base, t1, t2, out):
         quad[3, np.uint64(codes[i + np.uint64(3)])] += 1
     for j in range(m - m % 4, m):
         quad[0, np.uint64(codes[np.uint64(j)])] += 1
+    if quad[:, FLAG:].sum() > 0:
+        for s in range(0, m, 64):  # whole runs of 64 codes skipped when none is flagged
+            e = min(s + 64, m)
+            top = np.uint8(0)
+            for j in range(s, e):
+                top |= codes[np.uint64(j)]
+            if top >= FLAG:
+                for j in range(s, e):
+                    if codes[np.uint64(j)] >= FLAG:
+                        quad[0, np.uint64(_exact_code(np.float64(x[np.uint64(lo + j)]),
+                                                      g[np.uint64(lo + j)], base, t1, t2))] += 1
     counts = quad[0] + quad[1] + quad[2] + quad[3]
     for k in range(N_BINS_):
         out[k] += counts[k + 1]
-    out[N_BINS_] += counts[N_BINS_ + 2]
+    out[N_BINS_] += counts[ZERO_CODE]
     out[N_BINS_ + 1] += counts[0]
-    out[N_BINS_ + 2] += counts[N_BINS_ + 1]
+    out[N_BINS_ + 2] += counts[OVER_CODE]
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
-                 base, t1, t2):
+                 base, t1, t2, heat, where, starts, ends):
     """Per block: the kernel's metrics and error balance counts, then (out_f not empty)
     the golden rounded to the output dtype and its metrics and counts, then (hist not
-    empty) both histograms, all while the block is in cache. eb[b] holds the kernel's
-    counts (0, 1) and the floor's (2, 3)."""
+    empty) both histograms and (heat not empty) the kernel's heat map, all while the
+    block is in cache. eb[b] holds the kernel's counts (0, 1) and the floor's (2, 3).
+    where: the chunk's first element, the tensor's rows and columns, and 1 when the heat
+    map shows allclose's d / (atol + rtol |g|) rather than the relative error."""
     n = a.shape[0]
     floor = out_f.shape[0] > 0
     counts = hist.shape[0] > 0
+    heats = heat.shape[0] > 0
+    first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
     same_format = rp[0] == rp_eb[0]  # the floor is exactly the golden cast for msprobe
     for b in prange(out.shape[0]):
         lo = b * BLOCK
         hi = min(lo + BLOCK, n)
-        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b])
-        _eb_range(a[lo:hi], g, gbits, lo, hi, rp_eb, eb[b, 0:2])
+        codes = np.empty(hi - lo, dtype=np.uint8)
+        rels = np.empty(hi - lo)
         if counts:
-            _hist_range(a, g, lo, hi, base, t1, t2, hist[b, 0])
+            if heats and by_tol:
+                tols = np.empty(hi - lo)
+                _block_rels_tols(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels,
+                                 tols)
+                _heat_range(tols, first + lo, rows, cols, starts, ends, heat[b])
+            else:
+                _block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels)
+                if heats:
+                    _heat_range(rels, first + lo, rows, cols, starts, ends, heat[b])
+            _codes_of(rels, codes)
+            _count_codes(codes, a, g, lo, base, t1, t2, hist[b, 0])
+        else:
+            _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b])
+        _eb_range(a[lo:hi], g, gbits, lo, hi, rp_eb, eb[b, 0:2])
         if floor:
             r = np.empty(hi - lo)
             _round_range(g, gbits, lo, hi, rp, r)
             gb = g[lo:hi]
-            _block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
-                   out_f[b])
+            rbits = r.view(np.int64)
+            if counts:
+                _block_rels(r, rbits, _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
+                            out_f[b], rels)
+                _codes_of(rels, codes)
+                _count_codes(codes, r, gb, 0, base, t1, t2, hist[b, 1])
+            else:
+                _block(r, rbits, _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
+                       out_f[b])
             if not same_format:
                 _eb_range(r, g, gbits, lo, hi, rp_eb, eb[b, 2:4])
-            if counts:
-                _hist_range(r, gb, 0, hi - lo, base, t1, t2, hist[b, 1])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -505,19 +657,25 @@ def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype 
     ``scale`` widens the tolerances (atol / rtol, CANN v2's atol / rtol) for outputs
     that sum many terms (reduction gradients).
     """
-    m_a, m_f, _ = measure_all(actual, golden, dtype, atol, rtol, floor, scale, hist=False)
-    return m_a, m_f
+    m = measure_all(actual, golden, dtype, atol, rtol, floor, scale, hist=False)
+    return m.metrics, m.floor
+
+
+class Measured(NamedTuple):
+    metrics: Metrics
+    floor: Metrics | None
+    histogram: dict | None  # {'actual': counts, 'floor': counts}: plotdata.histogram's
+    heatmap: dict | None    # plotdata.heatmap's layout; None under 2 dims or not asked
 
 
 def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
                 atol: float | None = None, rtol: float | None = None, floor: bool = True,
-                scale: float = 1.0, hist: bool = True
-                ) -> tuple[Metrics, Metrics | None, dict | None]:
-    """``measure_pair`` and the report's error histogram in the same pass over the data:
-    each block of 64Ki elements is read once, the golden is rounded to the output dtype
-    on the fly (the error floor) and both get their metrics and histogram counts while
-    the block is in cache. Returns (kernel metrics, floor metrics, histogram); the
-    histogram is {'actual': counts, 'floor': counts} (plotdata.histogram's layout)."""
+                scale: float = 1.0, hist: bool = True, heat: str | None = None) -> Measured:
+    """``measure_pair`` and the report's plot data in the same pass over the data: each
+    block of 64Ki elements is read once, the golden is rounded to the output dtype on
+    the fly (the error floor) and both get their metrics and histogram counts while the
+    block is in cache, and (``heat`` 'rel' or 'tol', with ``hist``) the kernel's heat map
+    of the relative error d / (|g| + 1e-7) or of allclose's d / (atol + rtol |g|)."""
     dtype = dtype or actual.dtype
     d_atol, d_rtol = default_tolerances(dtype)
     atol = (d_atol if atol is None else float(atol)) * scale
@@ -534,6 +692,12 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     total = a.numel()
     eb_a, eb_f = [0, 0], [0, 0]
     rp_eb = _rounding_of(_msprobe_dtype(dtype))
+    shape = tuple(actual.shape)
+    heat = heat if hist and len(shape) >= 2 and total else None
+    cols = shape[-1] if heat else 1
+    rows = total // cols if heat else 1
+    grid = np.zeros((min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1))
+    starts, ends = _pool_windows(cols, grid.shape[1])
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
         g_np = g[start:stop].numpy()
@@ -544,8 +708,13 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         parts_f = np.empty((n_blocks if floor else 0, N_SLOTS))
         hist_blocks = np.zeros((n_blocks if hist else 0, 2, N_BINS + 3), dtype=np.int64)
         eb_blocks = np.zeros((n_blocks, 4), dtype=np.int64)
+        heat_blocks = np.zeros((n_blocks if heat else 0,) + grid.shape)
+        where = np.array([start, rows, cols, heat == "tol"], dtype=np.int64)
         _pair_blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb,
-                     parts, parts_f, hist_blocks, eb_blocks, _HIST_BASE, _HIST_T1, _HIST_T2)
+                     parts, parts_f, hist_blocks, eb_blocks, _HIST_BASE, _HIST_T1, _HIST_T2,
+                     heat_blocks, where, starts, ends)
+        if heat:
+            np.maximum(grid, heat_blocks.max(axis=0), out=grid)
         acc_a.append(parts)
         if hist:
             hists += hist_blocks.sum(axis=0)
@@ -572,7 +741,19 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         histogram = {"actual": _hist_dict(hists[0])}
         if floor:
             histogram["floor"] = _hist_dict(hists[1])
-    return m_a, m_f, histogram
+    heatmap = None
+    if heat:
+        heatmap = {"rows": rows, "cols": cols,
+                   "grid": three_digits(grid),
+                   "measure": "d/(atol+rtol|g|)" if heat == "tol" else "d/(|g|+1e-7)"}
+    return Measured(m_a, m_f, histogram, heatmap)
+
+
+def _pool_windows(length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Adaptive max pooling's windows of ``length`` into ``n``: [floor(i L / n),
+    ceil((i + 1) L / n)), which overlap when n does not divide L."""
+    i = np.arange(n, dtype=np.int64)
+    return i * length // n, -((-(i + 1) * length) // n)
 
 
 _EMPTY = np.empty((0, N_SLOTS))

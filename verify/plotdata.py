@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from .histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, EDGES  # noqa: F401  (re-exported)
+from .histbins import HEAT_GRID as GRID, three_digits
 from . import metrics
 
-GRID = 32
 CHUNK = 1 << 22
 
 
@@ -39,13 +39,14 @@ def histogram(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype) ->
     floor; 'zero' counts exact elements, 'under' / 'over' those below / above the bins
     (misplaced NaN / Inf count as over). ``verify.compare`` gives the same counts with
     its metrics (one pass); this is for a histogram alone."""
-    return metrics.measure_all(actual, golden, dtype, floor=True, hist=True)[2]
+    return metrics.measure_all(actual, golden, dtype, floor=True, hist=True).histogram
 
 
 def heatmap(actual: torch.Tensor, golden: torch.Tensor, atol: float | None = None,
             rtol: float | None = None) -> dict | None:
     """Max error per cell: d / (atol + rtol|g|) under allclose, else the CANN relative
-    error. None for outputs of fewer than 2 dims."""
+    error. None for outputs of fewer than 2 dims. ``verify.compare`` gives the same grid
+    from its metrics pass; this is the heat map alone, in torch."""
     if actual.dim() < 2 or actual.numel() == 0:
         return None
     cols = actual.shape[-1]
@@ -61,6 +62,5 @@ def heatmap(actual: torch.Tensor, golden: torch.Tensor, atol: float | None = Non
         pooled = F.adaptive_max_pool1d(err.unsqueeze(0), gc).squeeze(0)  # rows x gc
         bins = (torch.arange(r0, r1) * gr // rows).unsqueeze(1).expand(-1, gc)
         grid.scatter_reduce_(0, bins, pooled, reduce="amax")
-    return {"rows": rows, "cols": cols, "grid": [[float(f"{v:.3g}") for v in row]
-                                                   for row in grid.tolist()],
+    return {"rows": rows, "cols": cols, "grid": three_digits(grid.numpy()),
             "measure": "d/(atol+rtol|g|)" if atol is not None else "d/(|g|+1e-7)"}

@@ -97,6 +97,16 @@ def complete_rows(rows: list[dict]) -> list[dict]:
     return [{**dict.fromkeys(COLUMNS), "output": "-", **r} for r in rows]
 
 
+def _finite_numbers(v) -> bool:
+    """True for a list of finite numbers only (heat-map rows, histogram counts): taken as
+    they are, not element by element. A NaN or inf makes the sum non-finite, and anything
+    not a number makes it fail."""
+    try:
+        return math.isfinite(sum(v))
+    except (TypeError, OverflowError):
+        return False
+
+
 def _clean(v):
     if isinstance(v, float):
         if math.isnan(v):
@@ -106,7 +116,7 @@ def _clean(v):
     if isinstance(v, dict):
         return {k: _clean(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
+        return list(v) if _finite_numbers(v) else [_clean(x) for x in v]
     return v
 
 
@@ -239,7 +249,7 @@ def _restore(v):
     if isinstance(v, dict):
         return {k: _restore(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_restore(x) for x in v]
+        return v if _finite_numbers(v) else [_restore(x) for x in v]
     return v
 
 

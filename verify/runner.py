@@ -27,7 +27,7 @@ from . import deadline, golden_source, plotdata, triton_probe
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 DIFF_ROWS = 10
-PLOT_MARGIN = 0.1       # outputs this close to failing get a heat map too
+PLOT_MARGIN = 0.1       # outputs this close to failing get a heat map in any case
 
 
 def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> dict:
@@ -648,15 +648,17 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
 
 
 def _plot_data(row, actual, golden, out_dtype, verdict) -> None:
-    """Histogram and heat map for the report: the histogram of every output comes with
-    its metrics (the same pass); the heat map, a pass of its own, for failing and
-    near-failing outputs."""
+    """Histogram and heat map for the report, for every float output: both come with its
+    metrics (the same pass). A verdict without them (msprobe's benchmark standard) gets
+    a heat map of its own, a pass in torch, when it fails or nearly does."""
     if not out_dtype.is_floating_point:
         return
     if verdict.histogram is not None:
         row["histogram"] = verdict.histogram
-    near = not verdict.passed or not (verdict.margin < PLOT_MARGIN)
-    if near:
+    if verdict.heatmap is not None:
+        row["heatmap"] = verdict.heatmap
+    elif verdict.histogram is None and (not verdict.passed
+                                        or not (verdict.margin < PLOT_MARGIN)):
         allclose = verdict.standard == "allclose"
         row["heatmap"] = plotdata.heatmap(actual, golden,
                                           verdict.metrics.atol if allclose else None,
