@@ -117,9 +117,12 @@ FLAG = 0x80  # in a code: bin this element exactly
 ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy", inline="always")
-def _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, with_rels, tols,
-                with_tols):
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+    """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out, and each
+    element's relative error d / (|g| + 1e-7) and allclose's d / (atol + rtol |g|) into
+    rels and tols [0:hi-lo], for the histogram and the heat map (one function, compiled
+    once: the two stores cost little beside the metrics)."""
     eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
     small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
     mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
@@ -198,11 +201,9 @@ def _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, with_rels,
         # place is no error (0), any other non-finite pair the largest (1e300), as is any
         # error beyond it
         special = 0.0 if eq_special > 0.5 else 1e300
-        if with_rels:  # a constant in each caller below: no test in the loop
-            rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
-        if with_tols:  # allclose's measure d / (atol + rtol |g|)
-            tol = d / _fmax(allowed, 1e-300)
-            tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
+        rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
+        tol = d / _fmax(allowed, 1e-300)
+        tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
     out[N] = n
     out[NONFINITE_BAD] = bad
     out[SPECIAL_EQ] = same
@@ -235,24 +236,6 @@ def _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, with_rels,
     out[N_GROW] = grow
     out[ARG_ABS] = -1.0
     out[ARG_REL] = -1.0
-
-
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out):
-    """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out."""
-    _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, out, False, out, False)
-
-
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels):
-    """_block, and each element's relative error d / (|g| + 1e-7) into rels[0:hi-lo]."""
-    _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, True, rels, False)
-
-
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _block_rels_tols(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
-    """_block_rels, and each element's d / (atol + rtol |g|) into tols[0:hi-lo]."""
-    _block_body(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, True, tols, True)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -444,34 +427,24 @@ def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist,
         hi = min(lo + BLOCK, n)
         codes = np.empty(hi - lo, dtype=np.uint8)
         rels = np.empty(hi - lo)
+        tols = np.empty(hi - lo)
+        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols)
+        if heats:
+            _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
+                        heat[b])
         if counts:
-            if heats and by_tol:
-                tols = np.empty(hi - lo)
-                _block_rels_tols(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels,
-                                 tols)
-                _heat_range(tols, first + lo, rows, cols, starts, ends, heat[b])
-            else:
-                _block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels)
-                if heats:
-                    _heat_range(rels, first + lo, rows, cols, starts, ends, heat[b])
             _codes_of(rels, codes)
             _count_codes(codes, a, g, lo, base, t1, t2, hist[b, 0])
-        else:
-            _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b])
         _eb_range(a[lo:hi], g, gbits, lo, hi, rp_eb, eb[b, 0:2])
         if floor:
             r = np.empty(hi - lo)
             _round_range(g, gbits, lo, hi, rp, r)
             gb = g[lo:hi]
-            rbits = r.view(np.int64)
+            _block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
+                   out_f[b], rels, tols)
             if counts:
-                _block_rels(r, rbits, _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
-                            out_f[b], rels)
                 _codes_of(rels, codes)
                 _count_codes(codes, r, gb, 0, base, t1, t2, hist[b, 1])
-            else:
-                _block(r, rbits, _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
-                       out_f[b])
             if not same_format:
                 _eb_range(r, g, gbits, lo, hi, rp_eb, eb[b, 2:4])
 
