@@ -4,7 +4,9 @@ The pass walks (actual, golden) in fixed blocks of 64Ki elements; a compiled blo
 function (numba) accumulates every counter and sum that the standards need, blocks run in
 parallel, and the per-block partial results are combined in block order. Fixed blocks make
 the figures independent of thread count and chunking, and nothing of tensor size is
-allocated beyond one chunk of the upcast actual.
+allocated beyond one chunk of the upcast actual. The report's plot data comes from the
+same pass: each element's errors are kept while its block is in cache, for the histogram
+(binned without a logarithm) and the heat map (cell maxima).
 
 Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
 - mere / mare: mean / max of d / (|g| + 1e-7) (CANN v1)
@@ -373,9 +375,9 @@ def _exact_code(av, gv, base, t1, t2):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _count_codes(codes, x, g, lo, base, t1, t2, out):
-    """Adds the histogram of one block's codes (written by _block for x[lo:] against
-    g[lo:]) to out (histbins: the bins, then zero, under, over); a flagged code, near a
-    bin edge, is binned exactly from the element itself."""
+    """Adds the histogram of one block's codes (_codes_of, for x[lo:] against g[lo:]) to
+    out (histbins: the bins, then zero, under, over); a flagged code, near a bin edge, is
+    binned exactly from the element itself."""
     # four sets of counters, so that runs of equal codes do not wait on each other; a
     # flagged code is counted apart (no branch here) and its element binned afterwards
     m = codes.shape[0]
