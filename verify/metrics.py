@@ -265,25 +265,23 @@ def _heat_range(vals, first, rows, cols, starts, ends, grid):
                     grid[i, w] = max(grid[i, w], top)
             done += c1 - c0
         return
-    # narrow rows: a column-wise max over the rows of one row bin, then its windows
+    # narrow rows: per row bin (a run of whole rows, so one flat range), each column's
+    # maximum by a strided walk, then the windows over those column maxima
     colmax = np.zeros(cols)
-    current = -1
-    while done < m:
-        r = (first + done) // cols
-        c0 = first + done - r * cols
-        c1 = min(cols, c0 + (m - done))
-        i = r * gr // rows
-        if i != current:
-            if current >= 0:
-                _flush_columns(colmax, starts, ends, grid[current])
-            colmax[:] = 0.0
-            current = i
-        at = done - c0
-        for col in range(c0, c1):
-            colmax[col] = _fmax(colmax[col], vals[np.uint64(at + col)])
-        done += c1 - c0
-    if current >= 0:
-        _flush_columns(colmax, starts, ends, grid[current])
+    last = first + m
+    i = (first // cols) * gr // rows
+    while i < gr:
+        s = max(first, ((i * rows + gr - 1) // gr) * cols)  # first row r: r * gr // rows == i
+        e = min(last, (((i + 1) * rows + gr - 1) // gr) * cols)
+        if s >= e:
+            break
+        for col in range(cols):
+            top = 0.0
+            for k in range(s + (col - s % cols) % cols, e, cols):
+                top = _fmax(top, vals[np.uint64(k - first)])
+            colmax[col] = top
+        _flush_columns(colmax, starts, ends, grid[i])
+        i += 1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
