@@ -66,6 +66,32 @@ def test_nan_inf_placement():
     assert not ok and "NaN/Inf placement" in why
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_error_balance_counts_nan_and_inf_as_numpy_compares_them(dtype):
+    """msprobe's EB compares the output with the golden cast to its NumPy dtype as NumPy
+    does: an Inf is larger or smaller by its sign, a NaN neither, and a finite golden that
+    overflows the cast is an Inf. Planted in several blocks of the pass; the floor's EB
+    (the correctly rounded golden) likewise."""
+    gen = torch.Generator().manual_seed(7)
+    n = 2 * metrics.BLOCK + 999
+    g = torch.randn(n, generator=gen, dtype=torch.float64)
+    g[5], g[70000], g[9] = float("inf"), float("-inf"), float("nan")
+    g[11] = 1e39 if dtype != torch.float16 else 1e5  # overflows the cast
+    a = (g * (1 + 1e-2 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
+    a[1], a[66000], a[130000], a[3] = float("inf"), float("-inf"), float("nan"), 2.0
+    a[5], a[9] = float("-inf"), float("inf")
+    device = np.float16 if dtype == torch.float16 else np.float32
+    cast = g.numpy().astype(device).astype(np.float64)
+    a64 = a.to(torch.float64).numpy()
+    with np.errstate(invalid="ignore"):
+        want = abs(int((a64 > cast).sum()) - int((a64 < cast).sum())) / n
+    m, f = metrics.measure_pair(a, g)
+    assert m.eb == want
+    r = dt.round_once(g, dtype).to(torch.float64).numpy()
+    with np.errstate(invalid="ignore"):
+        assert f.eb == abs(int((r > cast).sum()) - int((r < cast).sum())) / n
+
+
 def test_ulp_of_one_fp16_step():
     g = torch.tensor([1.0, 1024.0], dtype=torch.float64)
     a = torch.tensor([1.0 + 2 ** -10, 1025.0], dtype=torch.float16)
