@@ -120,13 +120,11 @@ ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the b
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cast, eb):
+def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
     """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out, and each
     element's relative error d / (|g| + 1e-7) and allclose's d / (atol + rtol |g|) into
     rels and tols [0:hi-lo], for the histogram and the heat map (one function, compiled
-    once: the two stores cost little beside the metrics). msprobe's error balance counts
-    against cast[0:hi-lo] (the golden in msprobe's dtype) go to eb[0] (a > cast) and eb[1]
-    (a < cast): here for finite pairs, by _eb_specials for the others."""
+    once: the two stores cost little beside the metrics)."""
     eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
     small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
     mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
@@ -135,8 +133,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cast, eb)
     n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
     n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
     ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
-    shrink = grow = eb_gt = eb_lt = eb_special = 0.0
-    cbits = cast.view(np.int64)
+    shrink = grow = 0.0
     for j in range(lo, hi):
         i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
         ab = np.int64(abits[i])
@@ -209,18 +206,6 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cast, eb)
         rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
         tol = d / _fmax(allowed, 1e-300)
         tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
-        # error balance: only finite pairs here (fast-math compares no NaN or Inf)
-        k = np.uint64(j - lo)
-        fc = (1.0 - a_spec) * (0.0 if (cbits[k] & _F64_EXP) == _F64_EXP else 1.0)
-        a_c = a_raw if fc > 0.5 else 0.0
-        c_c = cast[k] if fc > 0.5 else 0.0
-        eb_gt += 1.0 if a_c > c_c else 0.0
-        eb_lt += 1.0 if a_c < c_c else 0.0
-        eb_special += 1.0 - fc
-    eb[0] += np.int64(eb_gt)
-    eb[1] += np.int64(eb_lt)
-    if eb_special > 0.0:
-        _eb_specials(a, cast, lo, hi, eb)
     out[N] = n
     out[NONFINITE_BAD] = bad
     out[SPECIAL_EQ] = same
@@ -357,22 +342,20 @@ def _round_range(g, gbits, lo, hi, rp, r):
         r[np.uint64(j - lo)] = np.copysign(y, x) if abs(x) < np.inf else x
 
 
-# fastmath=False said outright: numba compiles a callee with its caller's fast-math flags
-# unless it sets its own, and under them (no NaN, no Inf) np.isfinite is always true
-@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _eb_specials(a, cast, lo, hi, eb):
-    """msprobe's error balance counts of the pairs a[j], cast[j - lo] that hold a NaN or
-    an Inf, compared as IEEE does (NaN: neither; Inf: by its sign). Called by _block."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def _eb_range(x, g, gbits, lo, hi, rp, out):
+    """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
+    NumPy dtype (rounded on the fly by rp): out[0] += #(x > cast), out[1] += #(x < cast)."""
+    cast = np.empty(hi - lo)
+    _round_range(g, gbits, lo, hi, rp, cast)
     gt = lt = 0
-    for j in range(lo, hi):
-        av = np.float64(a[j])
-        cv = cast[j - lo]
-        if np.isfinite(av) and np.isfinite(cv):
-            continue
-        gt += 1 if av > cv else 0
-        lt += 1 if av < cv else 0
-    eb[0] += gt
-    eb[1] += lt
+    for j in range(hi - lo):
+        i = np.uint64(j)
+        xv = np.float64(x[i])
+        gt += 1 if xv > cast[i] else 0
+        lt += 1 if xv < cast[i] else 0
+    out[0] += gt
+    out[1] += lt
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -438,35 +421,32 @@ def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist,
     counts = hist.shape[0] > 0
     heats = heat.shape[0] > 0
     first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
-    same_format = rp[0] == rp_eb[0]
+    same_format = rp[0] == rp_eb[0]  # the floor is exactly the golden cast for msprobe
     for b in prange(out.shape[0]):
         lo = b * BLOCK
         hi = min(lo + BLOCK, n)
         codes = np.empty(hi - lo, dtype=np.uint8)
         rels = np.empty(hi - lo)
         tols = np.empty(hi - lo)
-        cast = np.empty(hi - lo)  # the golden in msprobe's dtype: its error balance
-        _round_range(g, gbits, lo, hi, rp_eb, cast)
-        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols, cast,
-               eb[b, 0:2])
+        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols)
         if heats:
             _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
                         heat[b])
         if counts:
             _codes_of(rels, codes)
             _count_codes(codes, a, g, lo, base, t1, t2, hist[b, 0])
+        _eb_range(a[lo:hi], g, gbits, lo, hi, rp_eb, eb[b, 0:2])
         if floor:
-            if same_format:  # the floor is exactly the golden cast for msprobe
-                r = cast
-            else:
-                r = np.empty(hi - lo)
-                _round_range(g, gbits, lo, hi, rp, r)
+            r = np.empty(hi - lo)
+            _round_range(g, gbits, lo, hi, rp, r)
             gb = g[lo:hi]
             _block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
-                   out_f[b], rels, tols, cast, eb[b, 2:4])
+                   out_f[b], rels, tols)
             if counts:
                 _codes_of(rels, codes)
                 _count_codes(codes, r, gb, 0, base, t1, t2, hist[b, 1])
+            if not same_format:
+                _eb_range(r, g, gbits, lo, hi, rp_eb, eb[b, 2:4])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
