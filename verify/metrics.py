@@ -65,7 +65,9 @@ N_BINS_ = N_BINS  # a global numba freezes as a constant
 _F64_EXP = np.int64(0x7FF0000000000000)
 _F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
 # NaN / Inf are classified from the bit patterns, so the float arithmetic below only ever
-# sees finite values and may be vectorised with fast-math flags (no nnan / ninf).
+# sees finite values and may be vectorised with fast-math flags (no nnan / ninf). The
+# functions that must see NaN / Inf say fastmath=False outright: numba compiles a callee
+# with its caller's fast-math flags unless it sets its own (and caches it so).
 _FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "reassoc"}
 
 
@@ -318,7 +320,7 @@ def _codes_of(rels, codes):
 _ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _round_range(g, gbits, lo, hi, rp, r):
     """r[j - lo] = g[j] rounded once, to nearest with ties to even, to a format of rp[0]
     significand bits, smallest normal exponent rp[1] and largest finite rp[2] (IEEE:
@@ -342,7 +344,7 @@ def _round_range(g, gbits, lo, hi, rp, r):
         r[np.uint64(j - lo)] = np.copysign(y, x) if abs(x) < np.inf else x
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _eb_range(x, g, gbits, lo, hi, rp, out):
     """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
     NumPy dtype (rounded on the fly by rp): out[0] += #(x > cast), out[1] += #(x < cast)."""
@@ -358,7 +360,7 @@ def _eb_range(x, g, gbits, lo, hi, rp, out):
     out[1] += lt
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _exact_code(av, gv, base, t1, t2):
     """The histogram code of one finite element, exactly: the bin from the binary exponent
     of d / (|g| + 1e-7) and at most two thresholds in its octave (tables built from log10
@@ -371,7 +373,7 @@ def _exact_code(av, gv, base, t1, t2):
     return k if k <= OVER_CODE else OVER_CODE
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _count_codes(codes, x, g, lo, base, t1, t2, out):
     """Adds the histogram of one block's codes (_codes_of, for x[lo:] against g[lo:]) to
     out (histbins: the bins, then zero, under, over); a flagged code, near a bin edge, is
@@ -449,7 +451,7 @@ def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist,
                 _eb_range(r, g, gbits, lo, hi, rp_eb, eb[b, 2:4])
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _argmax_in(a, g, lo, hi, eps_cann):
     """Index of the largest |a - g| and of the largest CANN relative error in [lo, hi)."""
     best_d = best_r = -1.0
