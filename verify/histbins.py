@@ -32,9 +32,8 @@ def _three_digits(v: np.ndarray) -> list[list[float]]:
     r = np.rint(m)
     exact = (np.abs(e) <= 22) & (np.abs(m - np.floor(m) - 0.5) > 1e-6) \
         & (r >= 100) & (r < 1000)
-    out = np.where(e >= 0, r * scale, r / scale)
-    slow = (pos & ~exact) | (~pos & (v != 0))
-    for idx in zip(*np.nonzero(slow)):
+    fast = pos & exact
+    out = np.where(fast, np.where(e >= 0, r * scale, r / scale), 0.0)
+    for idx in zip(*np.nonzero(~fast & (v != 0))):  # the rest but zeros: through the string
         out[idx] = float(f"{v[idx]:.3g}")
-    out[~pos & ~slow] = 0.0
     return out.tolist()

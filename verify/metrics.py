@@ -200,13 +200,13 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
         n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
         allowed = atol + rtol * ag
         n_case += f * (1.0 if d <= allowed else 0.0)
-        m_tol = _fmax(m_tol, d / _fmax(allowed, 1e-300))
+        tol = d / _fmax(allowed, 1e-300)  # allclose's measure d / (atol + rtol |g|)
+        m_tol = _fmax(m_tol, tol)
         # per element, for the histogram and the heat map: the same NaN / Inf in the same
         # place is no error (0), any other non-finite pair the largest (1e300), as is any
         # error beyond it
         special = 0.0 if eq_special > 0.5 else 1e300
         rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
-        tol = d / _fmax(allowed, 1e-300)
         tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
     out[N] = n
     out[NONFINITE_BAD] = bad
@@ -288,6 +288,7 @@ def _heat_range(vals, first, rows, cols, starts, ends, grid):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _flush_columns(colmax, starts, ends, cells):
+    """One row bin's cells: the largest column maximum in each window."""
     for w in range(cells.shape[0]):
         for col in range(starts[w], ends[w]):
             cells[w] = max(cells[w], colmax[col])

@@ -212,9 +212,7 @@ class _Run:
     def __init__(self, ray, items, opts: Options):
         self.ray, self.items, self.opts = ray, items, opts
         self.ctx = opts.context
-        self.cluster = ray.cluster_resources()
-        self.largest_memory = max((n.get("Resources", {}).get("memory", 0)
-                                   for n in ray.nodes() if n.get("Alive")), default=0)
+        self._read_cluster()
         self.rows: dict[int, list[dict]] = {}
         self.warnings: dict[str, None] = {}
         self.nodes: dict[str, dict] = {}
@@ -242,6 +240,13 @@ class _Run:
         self.clock = ray.remote(num_cpus=0)(ray_tasks.RunClock).options(
             scheduling_strategy=here).remote()
         self.starts: dict[str, tuple[float, dict]] = {}
+
+    def _read_cluster(self) -> None:
+        """What the live nodes offer: resources in all, and the largest node's memory (a
+        golden task asks for no more than that, or it would wait forever)."""
+        self.cluster = self.ray.cluster_resources()
+        self.largest_memory = max((n.get("Resources", {}).get("memory", 0)
+                                   for n in self.ray.nodes() if n.get("Alive")), default=0)
 
     # submission
     def _golden_options(self, case) -> dict:
@@ -360,7 +365,7 @@ class _Run:
                 self.retried += 1
                 # what the surviving nodes offer: a case whose resource went with the lost
                 # node(s) becomes an ERROR row instead of waiting for it forever
-                self.cluster = self.ray.cluster_resources()
+                self._read_cluster()
                 (self._submit_golden if att.kind == "golden" else self._submit_kernel)(
                     att.index, att.number + 1)
                 return
