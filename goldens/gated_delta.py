@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from verify.goldens.fused_training import FLOATS, MIXED, NONE
+from verify.compute_floor import working
 from verify.registry import Gradients, InputSpec, OutputSpec, declare_op
 
 SOLVE_TRIL_BLOCKS = (16, 32, 64)
@@ -370,7 +371,9 @@ def _recurrence(q, k, v, g, beta, state, scale):
     for t in range(q.shape[1]):
         state = state * torch.exp(g[:, t])[:, :, None, None]
         kt, vt = k[:, t], v[:, t]
-        u = beta[:, t][..., None] * (vt - torch.einsum("bhk,bhkv->bhv", kt, state))
+        # a real kernel stores this correction (v_new) in the working dtype: the float64
+        # golden keeps it exact, the compute-precision floor rounds it (README "Two floors")
+        u = working(beta[:, t][..., None] * (vt - torch.einsum("bhk,bhkv->bhv", kt, state)))
         state = state + kt[..., :, None] * u[..., None, :]
         outs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], state))
     if not outs:  # an empty sequence: no output rows, the state as it came

@@ -42,6 +42,7 @@ _EXPORTS = {
     "declare_op": "registry", "InputSpec": "registry", "OutputSpec": "registry",
     "Gradients": "registry", "broadcast_length": "registry", "WORKING": "registry",
     "Backend": "registry", "register_backend": "registry", "backend": "registry",
+    "working": "compute_floor",
 }
 
 __all__ = sorted(_EXPORTS)

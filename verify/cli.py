@@ -11,6 +11,7 @@ import argparse
 import datetime
 import logging
 import os
+import shlex
 import sys
 
 from .errors import ConfigError
@@ -522,6 +523,10 @@ def _warm(a, store_dir: str, console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="verify: %(message)s", force=True)
+    # the command line as the user typed it, for the report (sys.argv[0] is the entry
+    # point's path, .../bin/verify or .../verify/cli.py, and workers see their own argv)
+    os.environ.setdefault("VERIFY_COMMAND", shlex.join(
+        ["verify", *(sys.argv[1:] if argv is None else list(argv))]))
     args = _parser().parse_args(argv)
     if args.command == "run" and args.kernels and not os.environ.get(FINISHED_ENV):
         return _guarded(sys.argv[1:] if argv is None else list(argv))

@@ -52,17 +52,19 @@ def upstream_for(spec: OpSpec, case: Case, outputs: dict[str, torch.Tensor]) -> 
         for n in names})
 
 
-def _golden_with_grads(spec: OpSpec, case: Case, args: dict, params: dict) -> tuple:
-    """Forward outputs and the float64 gradients of the wrt inputs, by autograd through
-    the golden with the case's upstream gradients."""
+def _golden_with_grads(spec: OpSpec, case: Case, args: dict, params: dict,
+                       fn=None) -> tuple:
+    """Forward outputs and the gradients of the wrt inputs (float64 for the golden), by
+    autograd through the golden (or ``fn``) with the case's upstream gradients."""
+    fn = fn or spec.golden_fn
     leaves = {w: args[w].clone().requires_grad_(True) for w in spec.grads.wrt
               if args.get(w) is not None}
     with torch.enable_grad():
-        outs = _as_tuple(spec.golden_fn(**{**args, **leaves}, **params))
+        outs = _as_tuple(fn(**{**args, **leaves}, **params))
     names = spec.active_golden_outputs(params)
     by_name = dict(zip(names, outs))
     upstream = upstream_for(spec, case, by_name)
-    pairs = [(by_name[k[5:]], v.to(torch.float64)) for k, v in upstream.items()
+    pairs = [(by_name[k[5:]], v.to(by_name[k[5:]].dtype)) for k, v in upstream.items()
              if by_name[k[5:]].requires_grad]
     grads = torch.autograd.grad([p[0] for p in pairs], list(leaves.values()),
                                 grad_outputs=[p[1] for p in pairs], allow_unused=True)
@@ -75,31 +77,36 @@ def _as_tuple(outs) -> tuple:
     return (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
 
 
-def golden_trajectory(spec: OpSpec, case: Case,
-                      first_inputs: dict | None = None) -> list[tuple[torch.Tensor, ...]]:
+def golden_trajectory(spec: OpSpec, case: Case, first_inputs: dict | None = None,
+                      cast=None, fn=None, feed=None) -> list[tuple[torch.Tensor, ...]]:
     """float64 outputs of every step (with the gradients for a backward case); each
     step's outputs feed the next step's inputs.
 
     ``first_inputs``: the case's inputs if the caller already made them (saves a copy).
+    ``cast`` (inputs -> the tensors the golden takes), ``fn`` (the function evaluated)
+    and ``feed`` (output name, value -> what the next step gets) serve the
+    compute-precision floor; the defaults are the float64 golden's.
     """
+    cast = cast or _f64
     first = first_inputs if first_inputs is not None else inp.make_inputs(case)
-    current = {k: _f64(v) for k, v in first.items()}
+    current = {k: cast(v) for k, v in first.items()}
     params = dict(case.params)
     names = spec.active_golden_outputs(params)
     out_steps = []
     for step in range(case.steps):
         if step:
             fresh = inp.make_inputs(case, step, [i.name for i in spec.inputs if i.per_step])
-            current.update({k: _f64(v) for k, v in fresh.items()})
+            current.update({k: cast(v) for k, v in fresh.items()})
             if spec.step_param:
                 params[spec.step_param] = case.params[spec.step_param] + step
         if case.backward:
-            outs = _golden_with_grads(spec, case, current, params)
+            outs = _golden_with_grads(spec, case, current, params, fn)
         else:
-            outs = _as_tuple(spec.golden_fn(**current, **params))
+            outs = _as_tuple((fn or spec.golden_fn)(**current, **params))
         out_steps.append(outs)
         for in_name, out_name in spec.feedback.items():
-            current[in_name] = outs[names.index(out_name)]
+            value = outs[names.index(out_name)]
+            current[in_name] = feed(out_name, value) if feed else value
     return out_steps
 
 

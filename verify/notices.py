@@ -25,3 +25,18 @@ def drain() -> list[str]:
     out = list(_SEEN)
     _SEEN.clear()
     return out
+
+
+def progress_text(done: int, total: int, elapsed: float, now: str = "") -> str:
+    """A progress line: cases done and left, the rate so far and the time left at that
+    rate (the built-in L1 takes minutes: a user wants to know how many)."""
+    def clock(seconds: float) -> str:
+        s = int(seconds)
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 \
+            else f"{s // 60}:{s % 60:02d}"
+
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = f"ETA {clock((total - done) / rate)}" if rate > 0 else "ETA unknown"
+    doing = f", now {now}" if now else ""
+    return (f"verify: {done}/{total} cases done, {total - done} left{doing}, "
+            f"{rate:.3g} cases/s, {clock(elapsed)} elapsed, {eta}")

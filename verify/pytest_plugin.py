@@ -246,9 +246,7 @@ class _Progress:
         if tr is None:
             return
         op = nodeid.split("::")[-1].split("[")[0]
-        elapsed = int(now - self.start)
-        line = (f"verify: {self.done}/{self.total} cases done, {self.total - self.done} "
-                f"left, now {op}, {elapsed // 60}:{elapsed % 60:02d} elapsed")
+        line = notices.progress_text(self.done, self.total, now - self.start, op)
         if tr._tw.width_of_current_line:  # after pytest's dots: start a line of our own
             tr.write("\n")
         tr.write_line(line)
@@ -409,6 +407,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr = terminalreporter
     tr.write_sep("=", "precision summary")
     tr.write(results.summary_text(rows, config._verify_run_dir, color=tr.hasmarkup,
+                                  width=max(80, tr._tw.fullwidth),
                                   verbose=config.option.verbose > 0))
     if not config.getoption("--backend"):
         for line in selection.unavailable_backends():

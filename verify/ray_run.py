@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import deadline, registry, runner, shards
+from . import deadline, notices, registry, runner, shards
 from .errors import ConfigError
 from .ray_tasks import NodeContext
 
@@ -223,7 +223,7 @@ class _Run:
         self.task_times: list[dict] = []
         self.retried = 0
         self.lost_seen: list[float] = []  # when the driver learnt of each lost task
-        self.last_progress = time.monotonic()
+        self.last_progress = self.progress_start = time.monotonic()
         from . import ray_tasks
         # Retries are the driver's, not Ray's (max_retries=0). Golden tasks reuse their
         # processes (imports paid once) in a pool of their own: a runtime env of their own
@@ -446,9 +446,10 @@ class _Run:
         self.last_progress = now
         running = sum(1 for a in self.pending.values() if a.kind == "kernel")
         goldens = sum(1 for a in self.pending.values() if a.kind == "golden")
-        print(f"verify: {len(self.rows)}/{len(self.items)} cases done, {running} kernel and "
-              f"{goldens} golden task(s) queued or running on Ray", file=sys.stderr,
-              flush=True)
+        line = notices.progress_text(len(self.rows), len(self.items),
+                                     now - self.progress_start)
+        print(f"{line}; {running} kernel and {goldens} golden task(s) queued or running on "
+              f"Ray", file=sys.stderr, flush=True)
 
     def _info(self, started: float) -> dict:
         nodes = self.ray.nodes()

@@ -161,6 +161,10 @@ class OpSpec:
     # output -> fn(float64 inputs, that output rounded to its dtype) -> inputs: a kernel may
     # legitimately round this output and compute the others from it (README "reuse")
     reuse: dict[str, Callable[[dict, torch.Tensor], dict]] = field(default_factory=dict)
+    # the compute-precision floor (verify/compute_floor.py): the precision a real kernel
+    # computes in, and the function evaluated there (None: the golden; False: no floor)
+    compute_dtype: str = "fp32"
+    compute_floor: Callable[..., Any] | bool | None = None
     # -- the public surface -------------------------------------------------------
     def golden(self, **kwargs):
         """Run the float64 golden: inputs are upcast to float64 on the CPU first."""
@@ -288,7 +292,9 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
                step_param: str | None = None, aliases: Sequence[str] = (),
                description: str = "", version: str | None = None,
                grads: Gradients | None = None, cases: str | os.PathLike | None = None,
-               reuse: dict[str, Callable[[dict, torch.Tensor], dict]] | None = None):
+               reuse: dict[str, Callable[[dict, torch.Tensor], dict]] | None = None,
+               compute_dtype: str = "fp32",
+               compute_floor: Callable[..., Any] | bool | None = None):
     """Decorator for a float64 golden function: declares the op it is the golden of.
 
     inputs / outputs: ``InputSpec`` / ``OutputSpec`` in call order; params: name ->
@@ -300,6 +306,11 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
     reuse: output -> fn(inputs, rounded) giving the inputs on which the golden computes
     the other outputs from that output rounded to its dtype (x = x1 + x2 rounded, then
     normalised): an implementation doing so is judged against that golden too.
+    compute_dtype: the precision a real kernel computes in (default fp32): the
+    compute-precision floor evaluates the golden there on the case's inputs (README
+    "Two floors"); compute_floor: False for none, or a function with the golden's
+    signature evaluated instead (a real kernel's algorithm); inside either,
+    ``verify.working(t)`` rounds an intermediate a real kernel stores in the working dtype.
     """
 
     def wrap(golden_fn):
@@ -332,7 +343,8 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
             feedback=dict(feedback or {}), step_param=step_param, aliases=tuple(aliases),
             description=description or (inspect.getdoc(golden_fn) or "").split("\n")[0],
             version=version, grads=grads, cases=case_path, where=where,
-            reuse=dict(reuse or {}),
+            reuse=dict(reuse or {}), compute_dtype=dt.canonical_name(compute_dtype),
+            compute_floor=compute_floor,
         )
         return golden_fn
 

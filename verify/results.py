@@ -38,7 +38,15 @@ COLUMNS = (["op", "case_id", "level", "backend", "kernel", "device", "dtype", "o
               for m in ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err", "eb")]
            # where a row ran (xdist worker, or ray:<ip>:<node>:<devices>) and, under --ray,
            # how many times its case was submitted (a lost node's cases are resubmitted)
-           + ["worker", "attempts"])
+           + ["worker", "attempts"]
+           # how a row that failed against the exact golden passed (appended): 'variant'
+           # (a declared legitimate rounding) or 'cfloor' (the compute-precision floor),
+           # with that golden's figures; the metric columns stay the exact golden's
+           + ["passed_by", "compute_dtype"]
+           + [f"cfloor_{k}" for k in ("mere", "mare", "max_abs", "max_rel", "rmse", "ulp_max",
+                                      "margin", "ratio")]
+           + [f"variant_{k}" for k in ("mere", "mare", "max_abs", "max_rel", "rmse",
+                                       "v2_match_ratio", "margin")])
 VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 JSON_ONLY = ("step_metrics", "diff_table", "histogram", "heatmap")
 
@@ -190,10 +198,30 @@ def versions(names) -> dict[str, str]:
             else _version(_DISTRIBUTIONS.get(n, n)) for n in names}
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as the user typed it: ``verify run ...`` (set by the CLI for itself
+    and the processes it starts), ``pytest ...`` or ``python prog.py ...``; never the
+    entry point's installed path."""
+    import shlex
+    if argv is None and os.environ.get("VERIFY_COMMAND"):
+        return os.environ["VERIFY_COMMAND"]
+    args = list(argv if argv is not None else sys.argv)
+    if not args:
+        return ""
+    first = os.path.basename(args[0])
+    if first in ("__main__.py", "pytest", "py.test") or args[0].endswith("pytest/__main__.py"):
+        first = "pytest"
+    elif first.endswith(".py") and first != "cli.py":
+        first = f"python {args[0]}"
+    elif first in ("cli.py", "verify"):
+        first = "verify"
+    return " ".join([first, *map(shlex.quote, args[1:])])
+
+
 def environment(argv: list[str] | None = None) -> dict:
     """What the report's environment section shows (versions without importing extras)."""
     import subprocess
-    env = {"command": " ".join(argv if argv is not None else sys.argv),
+    env = {"command": command_line(argv),
            "python": platform.python_version(), "platform": platform.platform(),
            **versions(("torch", "triton", "torch_npu", "numpy", "numba", "kernel-verify")),
            "device": _device()}
@@ -306,7 +334,50 @@ def _kernel_label(r: dict) -> str:
     return r["backend"] if r["kernel"] == r["op"] else f"{r['backend']}:{r['kernel']}"
 
 
+def _cut(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"
+
+
+def _aligned(head: list[str], cells: list[list[str]], reasons: list[str], caps: list[int],
+             width: int, shrinkable: range) -> list[str]:
+    """Columns padded to their widest cell (up to ``caps``), the last column (a reason)
+    taking what is left of ``width``; the name columns give way first."""
+    widths = [min(cap, max([len(h)] + [len(c[k]) for c in cells]))
+              for k, (h, cap) in enumerate(zip(head, caps))]
+    used = sum(widths) + 2 * len(widths)
+    while used + 40 > width and max(widths[k] for k in shrinkable) > 8:
+        k = max(shrinkable, key=lambda j: widths[j])
+        widths[k] -= 1
+        used -= 1
+    rest = max(10, width - used)
+
+    def line(values, reason):
+        return ("  ".join(_cut(x, w).ljust(w) for x, w in zip(values, widths)) + "  "
+                + _cut(reason, rest)).rstrip()
+
+    return [line(head[:len(widths)], head[-1])] + [line(c, r) for c, r in zip(cells, reasons)]
+
+
+def one_line_rows(rows: list[dict], width: int) -> list[str]:
+    """Each row on one line of at most ``width`` characters: verdict, op, case, kernel,
+    output, MARE, max abs and its floor, then as much of the reason as fits (cut with an
+    ellipsis; the full reasons follow the table)."""
+    cells = []
+    for i, r in enumerate(rows, 1):
+        v = r.get("verdict", "")
+        cells.append([f"{i}.", v if r.get("expected", "PASS") == "PASS" else f"{v}(exp. FAIL)",
+                      r["op"], f"{r['level']}-{r['case_id']}", _kernel_label(r),
+                      r.get("output") or "-", _fmt(r.get("mare"), 2), _fmt(r.get("max_abs"), 2),
+                      _fmt(r.get("floor_max_abs"), 2)])
+    head = ["#", "verdict", "op", "case", "kernel", "output", "MARE", "max abs", "floor",
+            "why (non-PASS)"]
+    return _aligned(head, cells, [r.get("reason") or "" for r in rows],
+                    [4, 16, 28, 36, 28, 24, 9, 9, 9], width, range(2, 6))
+
+
 def _row_table(rows: list[dict], title: str):
+    """Rows with their figures, every cell in full (``-v``)."""
     from rich.table import Table
     table = Table(title=title, show_lines=False, header_style="bold")
     for col in ("op", "case", "kernel", "output", "verdict", "MERE", "MARE", "max abs",
@@ -317,8 +388,7 @@ def _row_table(rows: list[dict], title: str):
         label = v if r.get("expected", "PASS") == "PASS" else f"{v} (expected FAIL)"
         table.add_row(r["op"], f"{r['level']}-{r['case_id']}", _kernel_label(r),
                       r.get("output") or "-", f"[{_STYLE.get(v, '')}]{label}[/]",
-                      _fmt(r.get("mere")), _fmt(r.get("mare")), _fmt(r.get("max_abs")),
-                      _fmt(r.get("floor_max_abs")),
+                      *(_fmt(r.get(k)) for k in ("mere", "mare", "max_abs", "floor_max_abs")),
                       "" if v == "PASS" else (r.get("reason") or ""))
     return table
 
@@ -350,6 +420,37 @@ def _per_kernel_table(rows: list[dict]):
         table.add_row(op, kern, str(len(g["cases"])),
                       *(str(g[v]) if g[v] else "" for v in VERDICTS), verdict)
     return table
+
+
+def _details(rows: list[dict]) -> list[str]:
+    """The full reason of each listed row, numbered like the table's lines."""
+    return [f"  {i}. {r['op']} {r['level']}-{r['case_id']} {_kernel_label(r)} "
+            f"{r.get('output') or '-'}: {r.get('verdict')} - {r.get('reason') or ''}"
+            for i, r in enumerate(rows, 1)]
+
+
+def passed_by_other_golden(rows: list[dict]) -> list[dict]:
+    """Rows that FAILed against the exact golden and PASSed only by a declared variant or
+    the compute-precision floor: a group of their own, never mixed with clean passes."""
+    return [r for r in rows if r.get("verdict") == "PASS" and r.get("passed_by")]
+
+
+def passed_by_lines(rows: list[dict], width: int) -> list[str]:
+    """One line per row that passed only by a variant or the compute-precision floor:
+    the exact golden's max abs beside the other golden's, and the exact golden's verdict."""
+    cells, reasons = [], []
+    for r in rows:
+        by = r["passed_by"]
+        other = r.get("variant_max_abs") if by == "variant" else r.get("cfloor_max_abs")
+        exact = (r.get("reason") or "").split("exact golden: ", 1)[-1] if by == "cfloor" \
+            else (r.get("warning") or "").split("against the exact golden ", 1)[-1]
+        cells.append([r["op"], f"{r['level']}-{r['case_id']}", _kernel_label(r),
+                      r.get("output") or "-", "variant" if by == "variant" else "cfloor",
+                      _fmt(r.get("max_abs"), 2), _fmt(other, 2)])
+        reasons.append(exact.split(" | ")[0])
+    head = ["op", "case", "kernel", "output", "by", "max abs", "its max abs",
+            "exact golden's verdict: FAIL, because"]
+    return _aligned(head, cells, reasons, [28, 36, 28, 24, 7, 9, 11], width, range(0, 4))
 
 
 def _warning_kind(text: str) -> str:
@@ -400,7 +501,19 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
             shown = bad[:MAX_LISTED]
             more = f" (first {MAX_LISTED} of {len(bad)}; all in results.csv)" \
                 if len(bad) > MAX_LISTED else ""
-            console.print(_row_table(shown, f"rows that did not pass{more}"))
+            console.print(f"rows that did not pass{more}:", soft_wrap=True, markup=False)
+            for text in one_line_rows(shown, width):
+                console.print(text, soft_wrap=True, markup=False, highlight=False)
+            console.print("why, in full:", soft_wrap=True)
+            for line in _details(shown):
+                console.print(line, soft_wrap=True, markup=False)
+    other = passed_by_other_golden(rows)
+    if other:
+        console.print(f"passed only by a variant or the compute-precision floor "
+                      f"({len(other)} rows; the metric columns are the exact golden's):",
+                      soft_wrap=True, markup=False)
+        for text in passed_by_lines(other[:MAX_LISTED], width):
+            console.print(text, soft_wrap=True, markup=False, highlight=False)
     for line in _skip_lines(rows) + _grouped_warnings(rows):
         console.print(line)
     mutants = mutant_summary(rows)

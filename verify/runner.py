@@ -23,9 +23,11 @@ from .cases import Case
 from .comparison import compare, compare_topk, resolve_standard
 from .difftable import worst_elements
 from .errors import Unsupported
+from . import compute_floor as cfl
 from . import deadline, golden_source, plotdata, triton_probe
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
+VARIANT_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "v2_match_ratio")
 DIFF_ROWS = 10
 PLOT_MARGIN = 0.1       # outputs this close to failing get a heat map in any case
 
@@ -455,6 +457,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     _PHASE[0] = "comparing"
     rows = []
     alt = Alternatives(spec, case, first_inputs, g_steps[0]) if spec.reuse else None
+    floors = ComputeFloor(spec, case, first_inputs)
     if grad_skip and not case.backward:  # forward-only kernel of a forward+backward case
         rows += [_row(base, output=g, verdict="SKIP", reason=grad_skip,
                       out_dtype=dt.name_of(spec.output_dtype(g, case.dtype, case.params)))
@@ -472,7 +475,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             continue
         try:
             rows.append(_judge_output(row, spec, case, out_name, out_dtype, k_steps,
-                                      g_steps, last_inputs, alt))
+                                      g_steps, last_inputs, alt, floors))
         except Exception as exc:
             rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
     if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"] and case.forward:
@@ -486,7 +489,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
                    golden_s=round(golden.seconds, 6), kernel_s=round(k_seconds, 6))
         try:
             rows.append(_judge_view(row, spec, case, view, k_steps[-1][out_name],
-                                    g_steps[-1][out_name], last_inputs))
+                                    g_steps[-1][out_name], last_inputs, floors))
         except Exception as exc:
             rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
     return rows
@@ -500,28 +503,37 @@ def _metric_columns(v) -> dict:
     return cols
 
 
-def _judge_view(row, spec, case, view, actual, golden, inputs) -> dict:
+def _judge_view(row, spec, case, view, actual, golden, inputs,
+                floors: "ComputeFloor | None" = None) -> dict:
     """An output's elements at the indices an integer input holds along its last dim (the
     true class of a cross entropy, say), judged by the view's own standard: values that
     are tiny next to the rest of the tensor get a criterion that sees them."""
     out_dtype = spec.output_dtype(view["output"], case.dtype, case.params)
     index = inputs[view["at"]].reshape(-1).long()
-    flat_a = actual.reshape(-1, actual.shape[-1]) if actual.dim() else actual.reshape(1, 1)
-    flat_g = golden.reshape(flat_a.shape)
-    if index.numel() != flat_a.shape[0]:
+
+    def picked(t):
+        flat = t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
+        return flat[keep].gather(-1, pick)[:, 0]
+
+    rows_of = actual.reshape(-1, actual.shape[-1]) if actual.dim() else actual.reshape(1, 1)
+    if index.numel() != rows_of.shape[0]:
         raise ValueError(f"view '{view['name']}': {index.numel()} indices in "
-                         f"'{view['at']}' for {flat_a.shape[0]} rows of '{view['output']}'")
-    keep = (index >= 0) & (index < flat_a.shape[-1])  # ignore_index and the like
+                         f"'{view['at']}' for {rows_of.shape[0]} rows of '{view['output']}'")
+    keep = (index >= 0) & (index < rows_of.shape[-1])  # ignore_index and the like
     pick = index[keep][:, None]
-    a, g = flat_a[keep].gather(-1, pick)[:, 0], flat_g[keep].gather(-1, pick)[:, 0]
+    a, g = picked(actual), picked(golden)
     std = resolve_standard(view.get("standard") or case.standard or spec.standard,
                            view["output"])
     v = compare(a, g, dtype=out_dtype, standard=std)
+    where = f"{int(keep.sum())} elements at {view['at']}: "
     row.update(out_dtype=dt.name_of(out_dtype), verdict=v.verdict, standard=v.standard,
-               reason=f"{int(keep.sum())} elements at {view['at']}: {v.reason}",
-               warning=v.warning, margin=v.margin, floor_margin=v.floor_margin)
+               reason=where + v.reason, warning=v.warning, margin=v.margin,
+               floor_margin=v.floor_margin)
     row.update(_metric_columns(v))
-    if not v.passed:
+    cf = floors.step(len(floors.steps_or_empty()) - 1, view["output"]) if floors else None
+    if cf is not None:
+        _apply_compute_floor(row, [v], [picked(cf)], [g], out_dtype, std, where)
+    if row["verdict"] != "PASS":
         row["diff_table"] = worst_elements(a, g, {}, k=DIFF_ROWS)
     return row
 
@@ -589,8 +601,74 @@ class Alternatives:
         return [(label, g[out_name]) for label, g in self._cache if out_name in g]
 
 
+class ComputeFloor:
+    """The case's compute-precision floor (verify/compute_floor.py), evaluated once per
+    case when an output first asks for it; an op or case without one gives None."""
+
+    def __init__(self, spec, case, first_inputs):
+        self.spec, self.case, self.inputs = spec, case, first_inputs
+        self._steps = None
+        self.error = ""
+
+    def steps_or_empty(self) -> list[dict]:
+        if self._steps is None:
+            self._steps = []
+            if cfl.applies(self.spec, self.case):
+                try:
+                    self._steps = cfl.trajectory(self.spec, self.case, self.inputs)
+                except Exception as exc:  # a golden that only runs in float64, say
+                    self.error = f"compute-precision floor unavailable: {_error_text(exc)}"
+        return self._steps
+
+    def step(self, s: int, name: str) -> torch.Tensor | None:
+        steps = self.steps_or_empty()
+        if not steps or s >= len(steps) or s < 0:
+            return None
+        return steps[s].get(name)
+
+
+def _apply_compute_floor(row, verdicts, floor_outs, goldens, out_dtype, std, prefix="",
+                         steps_label=None) -> None:
+    """Add the cfloor_* columns (of the last verdict's step) and, when the exact golden's
+    verdict FAILs only by the error a correct kernel computing in the compute precision
+    has too, turn the row into a PASS with a warning that shows both figures."""
+    floor_vs = [compare(f, g, dtype=out_dtype, standard=std) if f is not None else None
+                for f, g in zip(floor_outs, goldens)]
+    last, last_floor = verdicts[-1], floor_vs[-1]
+    if last_floor is None:
+        return
+    r_last = cfl.ratios(last.metrics, last_floor.metrics)
+    row.update(cfl.columns(last_floor.metrics, last_floor.margin, cfl.worst_ratio(r_last)))
+    failing = [i for i, v in enumerate(verdicts) if not v.passed]
+    if row.get("verdict") != "FAIL" or not failing:
+        return
+    for i in failing:
+        v, fv = verdicts[i], floor_vs[i]
+        if fv is None or v.metrics.nan_inf_mismatch or v.standard in ("exact", "topk_set"):
+            return
+        if not fv.margin >= cfl.MIN_FLOOR_MARGIN:  # a correct kernel meets it with room
+            return
+        if cfl.worst_ratio(cfl.ratios(v.metrics, fv.metrics)) > 1.0:
+            return
+    i = failing[0]
+    v, fv = verdicts[i], floor_vs[i]
+    r = cfl.ratios(v.metrics, fv.metrics)
+    at = f" at step {i + 1}" if steps_label else ""
+    floor_says = ("it fails the standard too" if not fv.passed
+                  else "it passes the standard")
+    text = (f"PASS by the compute-precision floor: against the exact golden{at} {prefix}"
+            f"{v.reason} (max abs {v.metrics.max_abs:.3g}, max rel {v.metrics.mare:.3g}); "
+            f"the golden evaluated in {row.get('compute_dtype', 'fp32')} on the same inputs "
+            f"has max abs {fv.metrics.max_abs:.3g}, max rel {fv.metrics.mare:.3g} "
+            f"({floor_says}: {fv.reason}); the kernel's error over it: {cfl.describe(r)}")
+    row.update(verdict="PASS", passed_by="cfloor",
+               reason=f"within the compute-precision floor ({cfl.describe(r)}); exact "
+                      f"golden: {prefix}{v.reason}",
+               warning=" | ".join(filter(None, [text, row.get("warning")])))
+
+
 def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_inputs,
-                  alt: Alternatives | None = None):
+                  alt: Alternatives | None = None, floors: ComputeFloor | None = None):
     std = resolve_standard(case.standard or spec.standard, out_name)
     n_terms, k = reduction_scale(spec, case, out_name, out_dtype)
     if k > 1.0 and "scale" not in std:
@@ -615,29 +693,46 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
                          "mare": v.metrics.mare, "max_abs": v.metrics.max_abs,
                          "rmse": v.metrics.rmse, "eb": v.metrics.eb})
     failing = [(s, v) for s, v in enumerate(verdicts) if not v.passed]
-    variant = ""
+    variant, v_alt = "", None
     if failing and alt is not None and case.steps == 1 and compare_how == "values":
         for label, g_alt in alt.goldens(out_name):
             v2 = compare(k_steps[0][out_name], g_alt, dtype=out_dtype, standard=std)
             if v2.passed:
-                verdicts, failing, variant = [v2], [], label
+                variant, v_alt = label, v2
                 break
     s_final, decisive = failing[0] if failing else (len(verdicts) - 1, verdicts[-1])
     final = verdicts[-1]
     reason = decisive.reason
-    if variant:
-        reason = (f"{reason}, against the golden computed from {variant} (a legitimate "
-                  f"rounding of a declared output; the exact golden's verdict was FAIL)")
-        row["golden_variant"] = variant
     if case.steps > 1 and failing:
         reason = f"step {s_final + 1}/{case.steps}: {reason}"
+    # the metric columns are always the exact golden's: a variant or the compute-
+    # precision floor that passes the row adds its own columns and a warning
     row.update(verdict=decisive.verdict, standard=decisive.standard, reason=reason,
                warning=final.warning, margin=decisive.margin, floor_margin=final.floor_margin)
     row.update(_metric_columns(final))
+    if variant:
+        m = v_alt.metrics
+        row.update(verdict="PASS", golden_variant=variant, passed_by="variant",
+                   variant_margin=v_alt.margin,
+                   **{f"variant_{k}": getattr(m, k) for k in VARIANT_FIELDS})
+        row["reason"] = (f"{v_alt.reason}, against the golden computed from {variant} (a "
+                         f"legitimate rounding of a declared output)")
+        row["warning"] = " | ".join(filter(None, [
+            f"PASS by a legitimate variant ({variant}): against the exact golden "
+            f"{decisive.reason} (max abs {decisive.metrics.max_abs:.3g}, MARE "
+            f"{decisive.metrics.mare:.3g})", row["warning"]]))
+    elif floors is not None and compare_how == "values" and out_dtype.is_floating_point:
+        row["compute_dtype"] = spec.compute_dtype
+        _apply_compute_floor(row, verdicts,
+                             [floors.step(s, out_name) for s in range(len(verdicts))],
+                             [g[out_name] for g in g_steps], out_dtype, std,
+                             steps_label=case.steps > 1)
+        if row["verdict"] == "FAIL" and floors.error:
+            row["warning"] = " | ".join(filter(None, [row["warning"], floors.error]))
     if case.steps > 1:
         row["step_metrics"] = per_step
     _plot_data(row, k_steps[s_final][out_name], g_steps[s_final][out_name], out_dtype, decisive)
-    if failing and compare_how == "values":
+    if failing and compare_how == "values" and row["verdict"] != "PASS":
         s = s_final
         shown = {k: v for k, v in last_inputs.items() if v is not None}
         row["diff_table"] = worst_elements(

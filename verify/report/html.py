@@ -12,7 +12,8 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..results import VERDICTS, complete_rows, counts, mutant_summary
+from ..results import (VERDICTS, complete_rows, counts, mutant_summary,
+                       passed_by_other_golden)
 from . import plots
 
 MAX_FAILING_DETAILS = 24
@@ -135,8 +136,49 @@ def _detail(i: int, r: dict, cache: Path | None = None) -> dict:
             "figure": plots.figure(r, cache)}
 
 
+_ORDER = {"ERROR": 0, "FAIL": 1, "PASS": 2, "SKIP": 3}
+
+
+def failing_first(rows: list[dict]) -> list[dict]:
+    """The correct kernels' ERROR and FAIL rows first, worst margin first; then the
+    mutants' rows, then the passes; the run's order within each group."""
+    def key(ir):
+        i, r = ir
+        bad = r["verdict"] in ("ERROR", "FAIL")
+        return (r.get("expected", "PASS") != "PASS", _ORDER.get(r["verdict"], 4),
+                -_margin_key(r) if bad else 0.0, i)
+    return [r for _, r in sorted(enumerate(rows), key=key)]
+
+
+def per_kernel(rows: list[dict]) -> list[dict]:
+    """One line per op and kernel: cases, verdict counts, the worst margin, and the
+    index of its first failing row in the (failing-first) table."""
+    out: dict[tuple, dict] = {}
+    for i, r in enumerate(rows):
+        e = out.setdefault((r["op"], kernel_label(r)), {
+            "op": r["op"], "kernel": kernel_label(r), "cases": set(), "first_bad": None,
+            "worst": None, "mutant": r.get("expected") == "FAIL", **dict.fromkeys(VERDICTS, 0)})
+        e["cases"].add((r["level"], r["case_id"]))
+        e[r["verdict"]] = e.get(r["verdict"], 0) + 1
+        m = num(r.get("margin"))
+        if m is not None and r["verdict"] in ("PASS", "FAIL"):
+            e["worst"] = m if e["worst"] is None else max(e["worst"], m)
+        if r["verdict"] in ("FAIL", "ERROR") and e["first_bad"] is None:
+            e["first_bad"] = i
+    lines = []
+    for e in out.values():
+        e["cases"] = len(e["cases"])
+        if e["mutant"]:
+            e["verdict"] = "caught" if e["FAIL"] else "MISSED"
+        else:
+            e["verdict"] = next((v for v in ("ERROR", "FAIL", "PASS") if e[v]), "SKIP")
+        lines.append(e)
+    return sorted(lines, key=lambda e: (e["mutant"], e["verdict"] not in ("ERROR", "FAIL"),
+                                        e["op"], e["kernel"]))
+
+
 def render(rows: list[dict], meta: dict, cache: Path | None = None) -> str:
-    rows = complete_rows(rows)
+    rows = failing_first(complete_rows(rows))
     picked = pick_details(rows)
     detail_ids = {i: f"detail-{i}" for i in picked}
     mutants = mutant_summary(rows)
@@ -145,6 +187,9 @@ def render(rows: list[dict], meta: dict, cache: Path | None = None) -> str:
         metrics=METRICS, rows=_table_rows(rows, detail_ids),
         details=[_detail(i, rows[i], cache) for i in picked], mutants=mutants,
         n_failing=sum(1 for r in rows if r["verdict"] == "FAIL"),
+        kernels=per_kernel(rows),
+        passed_by=[{"i": i, "r": r, "kernel": kernel_label(r)} for i, r in enumerate(rows)
+                   if r in passed_by_other_golden([r])],
         caps=(MAX_FAILING_DETAILS, MAX_WORST_PASSING),
         environment=meta.get("environment", {}))
 
