@@ -201,7 +201,11 @@ def tril_block(A, s, e, b):
 
 @declare_op(
     "solve_tril",
-    inputs=[InputSpec("A", dist={"dist": "normal", "std": 0.1}),
+    # the contract of real callers: A is chunk_scaled_dot_kkt's output, strictly lower
+    # triangular per chunk (fla documents it so); a random upper part is an explicit
+    # adversarial case of its own (test_cases/solve_tril.json, "upper-part")
+    inputs=[InputSpec("A", dist={"dist": "chunk_tril", "std": 0.1, "diag": 0.0,
+                                 "segments": "cu_seqlens"}),
             InputSpec("cu_seqlens", "int64", shape=lambda m: (2,), dist=NONE, optional=True)],
     params={},
     outputs=[OutputSpec("Ai", "fp32")],
@@ -214,7 +218,10 @@ def tril_block(A, s, e, b):
                 "chunk_scaled_dot_kkt; BT = 16, 32 or 64 (step 3).",
 )
 def solve_tril(A, cu_seqlens):
-    """fla.ops.utils.solve_tril: only A's strictly lower triangle is read; a final chunk
+    """fla.ops.utils.solve_tril: fla documents A as strictly lower triangular per chunk
+    (what chunk_scaled_dot_kkt returns); its kernels do not all mask the rest (the 16-wide
+    one does, the merging 32- and 64-wide ones read the upper part), so the golden inverts
+    I + the strictly lower triangle, which is the whole of a valid A. A final chunk
     shorter than BT is inverted at its own size, the columns past it stay 0."""
     check_solve_tril(A, cu_seqlens)
     bt = A.shape[-1]
@@ -250,7 +257,9 @@ def _a_of(main):
     "recompute_w_u",
     inputs=[InputSpec("k", dist={"dist": "normal", "std": 0.1}), InputSpec("v"),
             InputSpec("beta", shape=_bth, dist={"dist": "uniform", "low": 0.0, "high": 1.0}),
-            InputSpec("A", "fp32", shape=_a_of, dist={"dist": "chunk_tril", "std": 0.1}),
+            # A in the working dtype, as fla's pipeline hands solve_tril's output over
+            InputSpec("A", shape=_a_of, dist={"dist": "chunk_tril", "std": 0.1,
+                                              "segments": "cu_seqlens"}),
             InputSpec("g", "fp32", shape=_bth, dist={**CHUNK_GATES, "chunk": "A.3"},
                       optional=True),
             InputSpec("cu_seqlens", "int64", shape=lambda m: (2,), dist=NONE, optional=True)],

@@ -186,7 +186,12 @@ def _chunk_tril(rng, shape, dist) -> np.ndarray:
     if len(shape) != 4 or not out.size:
         return out
     bt = shape[-1]
-    i = (np.arange(shape[1]) % bt)[:, None]
+    # a row's place in its chunk; chunks restart at every sequence ("segments": cu_seqlens)
+    bounds = [int(b) for b in dist.get("_segments") or (0, shape[1])]
+    pos = np.arange(shape[1])
+    for a, b in zip(bounds, bounds[1:]):
+        pos[a:b] = np.arange(b - a) % bt
+    i = pos[:, None]
     j = np.arange(bt)[None, :]
     keep = (j < i)[None, :, None, :]
     diag = (j == i)[None, :, None, :]
