@@ -9,12 +9,14 @@ import verify
 from helpers import REPO
 
 
-def pytest_run(*args, cwd=REPO, plugin=True):
+def pytest_run(*args, cwd=REPO, plugin=True, own_tests=False):
     """pytest in a subprocess, the harness's plugin switched on with -p verify (a path
     given as an option value, --reports /tmp/x, can make pytest choose another rootdir,
     where this repo's conftest.py is not read)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     early = ["-p", "verify"] if plugin else []
+    if plugin and not own_tests:  # this repo's own tests are the harness's: not here
+        early.append("--cases-only")
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *early,
                            *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -80,3 +82,32 @@ def test_this_repos_conftest_switches_the_plugin_on():
                      plugin=False)
     assert out.returncode == 0 and "lion[L0-small-fp32-8x8-torch]" in out.stdout, \
         out.stdout[-2000:] + out.stderr[-2000:]
+
+
+OWN_TEST = '''
+def test_my_helper():
+    assert 1 + 1 == 2
+
+def test_my_broken_helper():
+    assert 1 + 1 == 3
+'''
+
+
+def test_the_projects_own_tests_run_beside_the_case_items(tmp_path):
+    """pytest -p verify --level keeps the project's tests (named or found), -k reaches
+    them, and their failures count in the exit status."""
+    (tmp_path / "test_mine.py").write_text(OWN_TEST)
+    out = pytest_run("--level", "L0", "--op", "lion", "-k", "small and fp32 or my_helper",
+                     "-n", "0", "--reports", tmp_path / "r", "-q", str(tmp_path / "test_mine.py"),
+                     cwd=tmp_path, own_tests=True)
+    assert "test_my_helper" not in out.stdout or "passed" in out.stdout
+    assert "1 passed" not in out.stdout  # the case items ran too
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    broken = pytest_run("--level", "L0", "--op", "lion", "-k", "small and fp32 or broken",
+                        "-n", "0", "--reports", tmp_path / "r2", "-q", cwd=tmp_path,
+                        own_tests=True)
+    assert broken.returncode == 1, broken.stdout[-2000:]
+    assert "test_my_broken_helper" in broken.stdout and "precision summary" in broken.stdout
+    only = pytest_run("--level", "L0", "--op", "lion", "-k", "my_helper", "-n", "0", "-q",
+                      "--reports", tmp_path / "r3", cwd=tmp_path, own_tests=True)
+    assert only.returncode == 0 and "1 passed" in only.stdout, only.stdout[-2000:]

@@ -242,7 +242,7 @@ def test_two_xdist_workers_compute_one_golden_once(tmp_path):
     (tmp_path / "four.py").write_text(TWO_KERNELS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "VERIFY_STORE": str(tmp_path / "s")}
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "verify",
-                          "-n", "2", "--level", "L0", "--cases", str(tmp_path / "cases"),
+                          "--cases-only", "-n", "2", "--level", "L0", "--cases", str(tmp_path / "cases"),
                           "--kernels", str(tmp_path / "four.py"), "--backend", "a",
                           "--backend", "b", "--backend", "c", "--backend", "d",
                           "--reports", str(tmp_path), "--run-id", "x"],

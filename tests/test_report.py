@@ -167,13 +167,13 @@ def test_two_thousand_rows_stay_under_20_mb(run_dir):
 def test_progress_lines_under_xdist(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
-                          "verify", "-n", "2", "--level", "L0", "--op", "lion", "--progress-every", "0.0001",
+                          "verify", "--cases-only", "-n", "2", "--level", "L0", "--op", "lion", "--progress-every", "0.0001",
                           "--reports", str(tmp_path)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("verify: ")]
-    assert lines and re.match(r"verify: \d+/\d+ cases done, \d+ left, now lion, \d+:\d\d elapsed",
-                              lines[0])
+    assert lines and re.match(r"verify: \d+/\d+ cases done, \d+ left, now lion, [\d.e+-]+ "
+                              r"cases/s, \d+:\d\d elapsed, ETA (\d+:\d\d|unknown)", lines[0])
     assert "precision summary" in out.stdout
 
 

@@ -223,7 +223,7 @@ def _pytest_args(a) -> list[str]:
     # full garbage collections at exit) serve test suites, not a verify run.
     args = ["-p", "verify.pytest_plugin", "-p", "xdist", "-p", "no:cacheprovider",
             "-p", "no:logging", "-p", "no:unraisableexception", "-p", "no:threadexception",
-            "--assert=plain", f"--rootdir={os.getcwd()}",
+            "--assert=plain", f"--rootdir={os.getcwd()}", "--cases-only",
             f"--level={a.level}"]
     for flag, values in (("--kernels", a.kernels), ("--backend", a.backend), ("--op", a.op),
                          ("--dtype", a.dtype)):

@@ -110,7 +110,7 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
         if not floor_ok:
             warnings.append(f"{name} cannot be met even by the correctly rounded golden "
                             f"({floor_reason})")
-        bias = rounding_bias(m, f)
+        bias = rounding_bias(m, f, actual, golden)
         if bias:
             warnings.append(bias)
     warning = " | ".join(warnings)
@@ -144,18 +144,54 @@ BIAS_FLOOR_MAX = 0.25     # the correctly rounded golden's own net share stays b
 BIAS_ULP_MEAN_MAX = 1.0   # a conversion's error stays within one unit in the last place
 
 
-def rounding_bias(m, f) -> str:
+DIRECTED_MATCH_MIN = 0.9  # share of outputs equal to the golden rounded that way
+
+
+def directed_share(actual: torch.Tensor | None, golden: torch.Tensor | None,
+                   toward_zero: bool) -> float | None:
+    """The share of inexact outputs that equal the golden rounded toward zero (or away
+    from it) in the output dtype: ~1 for a directed conversion, low for a factor slightly
+    off 1 (a uniform scale error such as 1 - 1/(2N)), whose outputs are the scaled values
+    rounded to nearest. None without tensors."""
+    if actual is None or golden is None or not actual.dtype.is_floating_point:
+        return None
+    a = actual.detach().reshape(-1).cpu()
+    g = golden.detach().reshape(-1).to(torch.float64).cpu()
+    nearest = dt.round_once(g, a.dtype)
+    n64 = nearest.to(torch.float64)
+    step = (n64.abs() > g.abs()) if toward_zero else (n64.abs() < g.abs())
+    target = torch.zeros_like(nearest) if toward_zero else torch.where(
+        nearest >= 0, torch.full_like(nearest, float("inf")), torch.full_like(nearest, -float("inf")))
+    directed = torch.where(step, torch.nextafter(nearest, target), nearest)
+    inexact = torch.isfinite(g) & (a.to(torch.float64) != g)
+    n = int(inexact.sum())
+    if n == 0:
+        return None
+    return float((a[inexact] == directed[inexact]).sum()) / n
+
+
+def rounding_bias(m, f, actual=None, golden=None) -> str:
     """A warning when the final rounding looks directed rather than to nearest: most
     inexact outputs off in one direction of magnitude while their errors stay at the
     rounding level (mean ULP error <= 1). Larger errors are the arithmetic's, not a
     conversion's, and say nothing about the rounding mode. Truncation is suggested only
-    for outputs smaller in magnitude."""
+    for outputs smaller in magnitude, and a conversion is blamed only when the outputs
+    are the golden rounded that way (a factor slightly off 1 is a scale, not a rounding)."""
     if m.n < BIAS_MIN_ELEMENTS or abs(m.mag_bias) < BIAS_THRESHOLD \
             or abs(f.mag_bias) >= BIAS_FLOOR_MAX or not m.ulp_mean <= BIAS_ULP_MEAN_MAX:
         return ""
     share = f"on net {abs(m.mag_bias):.0%} of the inexact outputs are"
     detail = (f"(mag_bias {m.mag_bias:+.2f}, correctly rounded {f.mag_bias:+.2f}, mean ULP "
               f"error {m.ulp_mean:.2f})")
+    matched = directed_share(actual, golden, toward_zero=m.mag_bias > 0)
+    if matched is not None and matched < DIRECTED_MATCH_MIN:
+        way = "smaller" if m.mag_bias > 0 else "larger"
+        return (f"biased error, not a conversion: {share} {way} in magnitude than the golden "
+                f"{detail}, but only {matched:.0%} of them equal the golden rounded "
+                f"{'toward' if m.mag_bias > 0 else 'away from'} zero: a uniform scale error "
+                f"(a factor slightly {'below' if m.mag_bias > 0 else 'above'} 1, such as "
+                f"1 {'-' if m.mag_bias > 0 else '+'} 1/(2N): a wrong count, eps or step "
+                f"size)?")
     if m.mag_bias > 0:
         return (f"biased rounding toward zero: {share} smaller in magnitude than the golden "
                 f"{detail}; a truncating conversion instead of round-to-nearest-even?")

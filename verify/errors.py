@@ -29,3 +29,19 @@ class CaseFileError(ConfigError):
 class Unsupported(Exception):
     """Raised by a kernel for inputs or params it does not implement (a GELU without the
     erf form, a backward it does not have): its rows are SKIP with this reason, not ERROR."""
+
+
+def unknown_name(kind: str, name: str, known, flag: str = "") -> str:
+    """'unknown op 'lino' (--op): did you mean 'lion'? ...': the closest known names, or,
+    when none is close, the hint that user ops and backends come from --kernels modules;
+    the full list last."""
+    import difflib
+    known = sorted(known)
+    where = f" ({flag})" if flag else ""
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    if close:
+        hint = "did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    else:
+        hint = (f"no {kind} of that name is declared here: is it declared in a --kernels "
+                f"module (or an op pack) that this run does not load?")
+    return f"unknown {kind} '{name}'{where}: {hint} Known {kind}s: {', '.join(known)}"

@@ -59,6 +59,9 @@ def pytest_addoption(parser):
     g.addoption("--case-timeout", default=None, metavar="S",
                 help="seconds a case may run before it is an ERROR row (default 300 for L0, "
                      "1800 for L1, 7200 for other levels; 0: no limit)")
+    g.addoption("--cases-only", action="store_true", default=False,
+                help="collect only the case items, none of the project's own tests (what "
+                     "verify run does); by default they run beside the case items")
     g.addoption("--progress-every", type=float, default=10.0,
                 help="seconds between progress lines (cases done and left, op, elapsed); "
                      "0: none")
@@ -143,10 +146,14 @@ def _take_shard(config) -> None:
         plan.items, config.getoption("--shard"))
 
 
+def _cases_only(config) -> bool:
+    return bool(config.getoption("--cases-only", default=False))
+
+
 def pytest_ignore_collect(collection_path, config):
-    if _active(config):
-        return True  # a verification run collects case items only
-    return None
+    if _active(config) and _cases_only(config):
+        return True  # verify run (or --cases-only) collects case items only
+    return None  # the project's own tests are collected as pytest would
 
 
 class CaseFile(pytest.File):
@@ -222,7 +229,8 @@ def pytest_collection_modifyitems(session, config, items):
             parent = files[case.file] = CaseFile.from_parent(session, path=Path(case.file).resolve())
         new_items.append(CaseItem.from_parent(parent, name=item_name(case, kern),
                                               case=case, kern=kern))
-    items[:] = new_items
+    own = [] if _cases_only(config) else [i for i in items if not isinstance(i, CaseItem)]
+    items[:] = own + new_items  # the project's own tests first, then the case items
 
 
 class _Progress:
@@ -284,6 +292,8 @@ def pytest_runtest_logreport(report):
             text = str(getattr(report, "longreprtext", "") or report.longrepr or "").strip()
             text = text.splitlines()[-1][:500] if text else ""
         _FAULTS.setdefault(report.nodeid, text)
+    if report.failed and report.nodeid not in _PLANNED and _PLANNED:
+        _OWN_FAILED.add(report.nodeid)  # a project test beside the case items
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -325,6 +335,7 @@ def _vanished(rows: list[dict]) -> list[dict]:
 
 
 _ROWS: list[dict] = []
+_OWN_FAILED: set = set()  # the project's own tests that failed (their exit status counts)
 _PLANNED: dict = {}  # nodeid -> (case, kernel) of every selected item
 _FAULTS: dict[str, str] = {}  # nodeid -> why an item failed without rows
 _PROGRESS: list[_Progress] = []  # the controller's, made in pytest_configure below
@@ -338,6 +349,9 @@ def pytest_sessionfinish(session, exitstatus):
         return
     rows = list(_ROWS)
     rows += _vanished(rows)
+    own_failed = set(_OWN_FAILED)
+    _OWN_FAILED.clear()
+    config._verify_own_failed = sorted(own_failed)
     _WARNINGS.update(dict.fromkeys(notices.drain()))
     config._verify_warnings = list(_WARNINGS)
     _WARNINGS.clear()
@@ -366,8 +380,9 @@ def pytest_sessionfinish(session, exitstatus):
               f"{config._verify_selection_size} before -k); wrote an empty report to "
               f"{config._verify_run_dir}", file=sys.stderr)
         session.exitstatus = 0
-    elif session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide
-        session.exitstatus = results.exit_status(rows)
+    elif session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide,
+        # and so do the project's own tests collected beside them
+        session.exitstatus = max(results.exit_status(rows), int(bool(own_failed)))
     config._verify_exit = int(session.exitstatus)
 
 
@@ -405,6 +420,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not rows:
         return
     tr = terminalreporter
+    own = getattr(config, "_verify_own_failed", [])
+    if own:
+        tr.write_sep("=", "the project's own tests that failed")
+        for nodeid in own:
+            tr.write_line(f"FAILED {nodeid}", red=True)
+        if config.option.tbstyle == "no":
+            tr.write_line("(their tracebacks: run again with --tb=short)")
     tr.write_sep("=", "precision summary")
     tr.write(results.summary_text(rows, config._verify_run_dir, color=tr.hasmarkup,
                                   width=max(80, tr._tw.fullwidth),

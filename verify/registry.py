@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import dtypes as dt
-from .errors import ConfigError
+from .errors import ConfigError, unknown_name
 
 WORKING = "working"  # dtype rule: the case's working dtype
 
@@ -656,7 +656,7 @@ def op(name: str) -> OpSpec:
     try:
         return _OPS[name]
     except KeyError:
-        raise ConfigError(f"unknown op '{name}'; known ops: {', '.join(sorted(_OPS))}") from None
+        raise ConfigError(unknown_name("op", name, _OPS)) from None
 
 
 def backends() -> dict[str, Backend]:
@@ -673,8 +673,7 @@ def backend(name: str) -> Backend:
     try:
         return _BACKENDS[name]
     except KeyError:
-        raise ConfigError(f"unknown backend '{name}'; known backends: "
-                          f"{', '.join(sorted(_BACKENDS))}") from None
+        raise ConfigError(unknown_name("backend", name, _BACKENDS)) from None
 
 
 def kernels(op_name: str | None = None, backend_names: Sequence[str] | None = None) -> list[Kernel]:

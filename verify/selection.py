@@ -13,7 +13,7 @@ from typing import Sequence
 from . import dtypes as dt
 from . import registry
 from .cases import Case, load_dir, load_file
-from .errors import ConfigError
+from .errors import ConfigError, unknown_name
 
 def builtin_cases_dir() -> str:
     """The built-in op pack's case files: verify/test_cases in an installed wheel, the
@@ -85,7 +85,7 @@ def expand_op_names(names: Sequence[str]) -> list[str]:
             continue
         alias = [o for o in known if name in registry.op(o).aliases]
         if not alias:
-            raise ConfigError(f"unknown op '{name}' (--op); known ops: {', '.join(known)}")
+            raise ConfigError(unknown_name("op", name, known, "--op"))
         out.extend(alias)
     return out
 
