@@ -93,3 +93,14 @@ def test_a_run_against_a_benchmark_backend_catches_a_mutant_by_ratio():
     with pytest.raises(verify.ConfigError):
         verify.run(level="L0", ops=["lion"], benchmark_backend="no_such_backend",
                    reports=False)
+
+
+def test_a_benchmark_backend_judges_gradient_outputs_too():
+    res = verify.run(level="L0", ops=["rmsnorm_without_weight"], backends=["mutants"],
+                     dtypes=["fp32"], benchmark_backend="torch", reports=False)
+    bench = [r for r in res.rows if r["standard"] == "benchmark"]
+    grads = [r for r in bench if r["output"].startswith("grad_")]
+    assert grads and all(r["output"].endswith(" vs torch") for r in grads)
+    assert all(r["verdict"] in ("PASS", "FAIL") for r in grads)
+    # a backward mutant's gradient is off against torch's gradient on the same inputs
+    assert any(r["verdict"] == "FAIL" for r in grads), [(r["kernel"], r["reason"]) for r in grads]

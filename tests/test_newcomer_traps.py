@@ -99,3 +99,18 @@ def test_a_uniform_scale_error_is_not_called_a_conversion():
     truncated = (f32.view(torch.int32) & ~0xFFFF).view(torch.float32).to(torch.bfloat16)
     v = verify.compare(truncated, g, dtype="bf16", standard="cann_v1")
     assert "a truncating conversion" in v.warning
+
+
+def test_a_wrong_registry_token_is_one_line_with_the_hint(tmp_path, monkeypatch):
+    from helpers import Service
+    svc = Service(tmp_path / "served", token="the-right-one")
+    try:
+        monkeypatch.setenv("VERIFY_REGISTRY_TOKEN", "a-wrong-one")
+        res = verify.run(level="L0", ops=["lion"], backends=["torch"], registry=svc.url,
+                         store=str(tmp_path / "store"), reports=False)
+    finally:
+        svc.stop()
+    assert {r["verdict"] for r in res.rows} == {"PASS"}
+    refused = [w for w in res.warnings if "HTTP 40" in w]
+    assert len(refused) == 1, res.warnings
+    assert "VERIFY_REGISTRY_TOKEN" in refused[0]

@@ -230,9 +230,17 @@ class GoldenResolver:
         """Push a stored golden when a write token is set; True when the registry took it."""
         if self.client is None or not self.client.token or self.store is None:
             return False
+        if getattr(self, "_push_refused", False):
+            return False
         try:
             status = self.client.push(key, self.store)
-            if status not in (200, 201):
+            if status in (401, 403):  # one line per run, not one per golden
+                self._push_refused = True
+                notices.warn(f"the golden registry {self.client.url} refused this run's write "
+                             f"token (HTTP {status}): check VERIFY_REGISTRY_TOKEN (the "
+                             f"service's write token; a read token cannot push); goldens of "
+                             f"this run stay in the local store")
+            elif status not in (200, 201):
                 notices.warn(f"pushing golden {key[:12]} to the registry: HTTP {status}")
             return status in (200, 201)
         except RegistryUnavailable as exc:

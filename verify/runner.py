@@ -267,9 +267,10 @@ BENCHMARK = {"backend": None}  # --benchmark-backend: msprobe's benchmark standa
 _BENCH_CACHE: dict = {}  # the benchmark kernel's outputs of the case run last
 
 
-def _benchmark_outputs(spec, case, first_inputs):
-    """(benchmark kernel, its last-step outputs) for this case, run once per case."""
-    key = (case.file, case.level, case.id)
+def _benchmark_outputs(spec, case, first_inputs, golden_step=None):
+    """(benchmark kernel, its last-step outputs, gradients included for a backward case)
+    for this case, run once per case."""
+    key = (case.file, case.level, case.id, case.mode)
     if key not in _BENCH_CACHE:
         _BENCH_CACHE.clear()
         kerns = registry.kernels(case.op, [BENCHMARK["backend"]])
@@ -277,7 +278,13 @@ def _benchmark_outputs(spec, case, first_inputs):
             _BENCH_CACHE[key] = (None, None)
         else:
             bench = registry.backend(kerns[0].backend)
-            steps, _, _ = _kernel_trajectory(spec, case, kerns[0], bench.device, first_inputs)
+            steps, _, _, graph = _run_forward(spec, case, kerns[0], bench.device, first_inputs)
+            if case.backward and golden_step is not None:
+                if isinstance(graph, InPlaceKernel):
+                    raise RuntimeError(str(graph))
+                upstream = golden_source.upstream_for(spec, case, golden_step)
+                steps[0].update(_kernel_grads(spec, case, kerns[0], bench.device,
+                                              first_inputs, graph, upstream))
             _BENCH_CACHE[key] = (kerns[0], steps[-1])
     return _BENCH_CACHE[key]
 
@@ -288,16 +295,23 @@ def _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps, gold
     kernel on the same inputs (verify/benchmark.py), beside the op's own standard."""
     label = BENCHMARK["backend"]
     try:
-        bench_kern, bench_out = _benchmark_outputs(spec, case, first_inputs)
+        bench_kern, bench_out = _benchmark_outputs(spec, case, first_inputs, g_steps[0])
     except Exception as exc:
         return [_row(base, output=f"vs {label}", standard="benchmark", verdict="ERROR",
                      reason=f"benchmark kernel raised {_error_text(exc)}")]
     if bench_kern is None:
         return []
     rows = []
-    for out_name in spec.active_outputs(case.params):
+    names = spec.active_outputs(case.params) if case.forward else []
+    if case.backward:  # gradients are judged against the benchmark's gradients too
+        names += golden_source.grad_names(spec, case)
+    for out_name in names:
         out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
-        if not out_dtype.is_floating_point or spec.output(out_name).compare != "values":
+        is_grad = out_name not in spec.golden_output_names
+        if not out_dtype.is_floating_point or (
+                not is_grad and spec.output(out_name).compare != "values"):
+            continue
+        if out_name not in k_steps[-1] or out_name not in bench_out:
             continue
         row = _row(base, output=f"{out_name} vs {label}", out_dtype=dt.name_of(out_dtype),
                    golden_source=golden.source, golden_s=round(golden.seconds, 6),
@@ -525,7 +539,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             rows.append(_row(row, verdict="ERROR", reason=(
                 str(exc) if isinstance(exc, KernelOutputError)
                 else f"comparing: {_error_text(exc)}")))
-    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"] and case.forward:
+    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"]:
         rows += _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps,
                                 golden, k_seconds)
     for view in case.views:
