@@ -114,3 +114,31 @@ def test_a_wrong_registry_token_is_one_line_with_the_hint(tmp_path, monkeypatch)
     refused = [w for w in res.warnings if "HTTP 40" in w]
     assert len(refused) == 1, res.warnings
     assert "VERIFY_REGISTRY_TOKEN" in refused[0]
+
+
+def test_the_report_shows_the_command_as_typed(monkeypatch):
+    from verify import results
+    monkeypatch.delenv("VERIFY_COMMAND", raising=False)
+    site = "/venv/lib/python3.11/site-packages/verify/cli.py"
+    assert results.command_line([site, "run", "--level", "L0", "--op", "a b"]) == \
+        "verify run --level L0 --op 'a b'"
+    assert results.command_line(["/venv/bin/verify", "run"]) == "verify run"
+    assert results.command_line(["/venv/lib/site-packages/pytest/__main__.py", "-p",
+                                 "verify"]) == "pytest -p verify"
+    monkeypatch.setenv("VERIFY_COMMAND", "verify run --level L1")
+    assert results.command_line() == "verify run --level L1"
+
+
+def test_the_report_opens_with_a_verdict_per_kernel(newcomer, tmp_path):
+    from verify import results
+    results.write(newcomer[0].rows, tmp_path, {"run_id": "x", "level": "L0"})
+    html = (tmp_path / "report.html").read_text()
+    top = html.index('id="kernel-verdicts"')
+    assert top < html.index('id="summary"') < html.index('id="results"')
+    table = html[top:html.index("</table>", top)]
+    for kernel in ("in_place", "swapped", "wrong_dtype"):
+        assert f"newcomer:{kernel}" in table
+    assert 'href="#row-0"' in table          # the first failing row comes first
+    body = html[html.index('id="results"'):]
+    first = body[body.index('<tr data-verdict='):][:40]
+    assert 'data-verdict="ERROR"' in first or 'data-verdict="FAIL"' in first

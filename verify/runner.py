@@ -231,9 +231,10 @@ def _kernel_grads(spec, case, kern, device, first_inputs, graph, upstream) -> di
         args = _fresh_copies(first_inputs, device)
         res = _as_tuple(kern.backward(**args, **ups, **case.params))
         if len(res) != len(spec.grads.wrt):
-            raise RuntimeError(f"backward kernel returned {len(res)} gradients; op "
-                               f"'{spec.name}' declares {len(spec.grads.wrt)} "
-                               f"({', '.join(spec.grads.wrt)})")
+            raise KernelOutputError(
+                f"backward kernel of {kern.backend}:{kern.name} "
+                f"({registry._where(kern.backward)}) returned {len(res)} gradients; op "
+                f"'{spec.name}' declares {len(spec.grads.wrt)} ({', '.join(spec.grads.wrt)})")
         by_input = dict(zip(spec.grads.wrt, res))
     else:
         outs, leaves = graph
@@ -717,8 +718,10 @@ def _apply_compute_floor(row, verdicts, floor_outs, goldens, out_dtype, std, pre
     at = f" at step {i + 1}" if steps_label else ""
     floor_says = ("it fails the standard too" if not fv.passed
                   else "it passes the standard")
+    figures = (f"max rel {v.metrics.mare:.3g}" if "max abs" in v.reason
+               else f"max abs {v.metrics.max_abs:.3g}, max rel {v.metrics.mare:.3g}")
     text = (f"PASS by the compute-precision floor: against the exact golden{at} {prefix}"
-            f"{v.reason} (max abs {v.metrics.max_abs:.3g}, max rel {v.metrics.mare:.3g}); "
+            f"{v.reason} ({figures}); "
             f"the golden evaluated in {row.get('compute_dtype', 'fp32')} on the same inputs "
             f"has max abs {fv.metrics.max_abs:.3g}, max rel {fv.metrics.mare:.3g} "
             f"({floor_says}: {fv.reason}); the kernel's error over it: {cfl.describe(r)}")
@@ -780,13 +783,14 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
                          "mare": v.metrics.mare, "max_abs": v.metrics.max_abs,
                          "rmse": v.metrics.rmse, "eb": v.metrics.eb})
     failing = [(s, v) for s, v in enumerate(verdicts) if not v.passed]
-    variant, v_alt = "", None
+    variant, v_alt, tried = "", None, []
     if failing and alt is not None and case.steps == 1 and compare_how == "values":
         for label, g_alt in alt.goldens(out_name):
             v2 = compare(k_steps[0][out_name], g_alt, dtype=out_dtype, standard=std)
             if v2.passed:
                 variant, v_alt = label, v2
                 break
+            tried.append(f"against the golden computed from {label}: {v2.reason}")
     s_final, decisive = failing[0] if failing else (len(verdicts) - 1, verdicts[-1])
     final = verdicts[-1]
     reason = decisive.reason
@@ -797,6 +801,8 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
     row.update(verdict=decisive.verdict, standard=decisive.standard, reason=reason,
                warning=final.warning, margin=decisive.margin, floor_margin=final.floor_margin)
     row.update(_metric_columns(final))
+    if tried and not variant:  # the declared variants fail too: say so, with their figures
+        row["reason"] = "; ".join([row["reason"], *tried])
     if variant:
         m = v_alt.metrics
         row.update(verdict="PASS", golden_variant=variant, passed_by="variant",
