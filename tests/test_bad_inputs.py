@@ -147,3 +147,47 @@ def test_a_kernel_exception_with_a_huge_message_is_clipped_in_its_row():
     except ValueError as exc:
         text = runner._error_text(exc)
     assert len(text) < 3 * runner.MESSAGE_CHARS and "more characters" in text
+
+
+def test_runs_started_together_with_one_id_claim_the_folder_once(tmp_path):
+    """The claim is atomic: of many runs started at once with one --run-id, exactly one
+    runs; the others exit 2 with the used-folder message (before: the second took the
+    folder the first had just made, and one run's FAILs were in no file)."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "verify.cli", "run", "--level", "L0", "--op", "lion",
+           "--dtype", "fp32", "--backend", "torch", "-n", "0", "--reports", str(tmp_path),
+           "--run-id", "same"]
+    procs = [subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in outs)
+    assert codes == [0, 2, 2, 2], outs
+    assert all("already holds a run" in err for code, err in outs if code == 2)
+    assert (tmp_path / "same" / "results.json").exists()
+
+
+def test_reserving_one_id_from_many_threads_gives_it_to_one(tmp_path):
+    import threading
+
+    from verify import results
+    won, lost = [], []
+
+    def claim():
+        try:
+            won.append(results.reserve_run_dir(tmp_path, "race"))
+        except ConfigError:
+            lost.append(1)
+
+    threads = [threading.Thread(target=claim) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(lost) == 15
+    empty = tmp_path / "made-by-ci"
+    empty.mkdir()
+    assert results.reserve_run_dir(tmp_path, "made-by-ci") == empty  # an empty folder: free

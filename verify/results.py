@@ -58,6 +58,9 @@ def new_run_id() -> str:
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 
 
+RUN_CLAIM = ".verify-run"  # in a run's folder: the run that claimed it (pid, time)
+
+
 def reserve_run_dir(reports: str | Path | None, run_id: str | None) -> Path:
     """The run's report folder ``<reports>/<run_id>``, made now, before anything runs:
     a run id is a plain folder name (no path, no ``..``); a folder that already holds a
@@ -72,16 +75,25 @@ def reserve_run_dir(reports: str | Path | None, run_id: str | None) -> Path:
     if base.exists() and not base.is_dir():
         raise ConfigError(f"--reports {base}: not a folder")
     run_dir = base / run_id
+    used = ConfigError(f"{run_dir} already holds a run: choose another --run-id, or delete "
+                       f"the folder to replace it")
     try:
         base.mkdir(parents=True, exist_ok=True)
-        run_dir.mkdir()
+        run_dir.mkdir(exist_ok=True)  # an empty folder (made for the run, say) may be used
+        if not run_dir.is_dir():
+            raise used
+        # The claim: whoever creates the marker (O_EXCL, atomic on every local file system)
+        # owns the folder; a second run with the same id, however close in time, does not.
+        fd = os.open(run_dir / RUN_CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
-        if run_dir.is_dir() and not any(run_dir.iterdir()):
-            return run_dir  # an empty folder (made for the run, say) is free to use
-        raise ConfigError(f"{run_dir} already holds a run: choose another --run-id, or "
-                          f"delete the folder to replace it") from None
+        raise used from None
     except OSError as exc:
         raise ConfigError(f"--reports {base}: cannot make the run's folder: {exc}") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {time.time():.3f}\n")
+    if any(p.name != RUN_CLAIM for p in run_dir.iterdir()):  # files of an older run
+        (run_dir / RUN_CLAIM).unlink(missing_ok=True)
+        raise used
     return run_dir
 
 
