@@ -84,7 +84,7 @@ def test_unknown_names_get_did_you_mean_or_the_kernels_hint():
     with pytest.raises(ConfigError, match="did you mean 'lion'"):
         selection.expand_op_names(["lino"])
     with pytest.raises(ConfigError, match="declared in a --kernels module"):
-        selection.expand_op_names(["scaled_residual_layer_norm"])
+        selection.expand_op_names(["qqq_private_fusion"])
     with pytest.raises(ConfigError, match="did you mean 'triton'"):
         verify.registry.backend("tritn")
 

@@ -113,6 +113,25 @@ def _noop():
     yield
 
 
+# bump when the evaluation itself changes (what is cast, rounded or fed back)
+EVALUATION = "1"
+
+
+def store_key(spec: OpSpec, golden_key: str) -> str:
+    """The store key of a case's compute-precision floor: derived from its golden's key
+    (the case, the golden version: the golden's code and its verify.working marks), the
+    compute dtype and the function evaluated, so it is computed once per golden and kept
+    beside it."""
+    import hashlib
+
+    fn = ""
+    if callable(spec.compute_floor):
+        from . import golden_version as gv
+        fn = gv.fingerprint(spec.compute_floor, [])
+    blob = f"{golden_key}|compute_floor|{spec.compute_dtype}|{EVALUATION}|{fn}"
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def ratios(kernel, floor) -> dict[str, float]:
     """The kernel's error metrics over the floor's (inf where the floor is exact and the
     kernel is not; 0 where both are exact)."""

@@ -206,6 +206,34 @@ class GoldenResolver:
         self._push(key)
         return Golden(traj, COMPUTED, seconds, key, names)
 
+    def derived(self, key: str, base_key: str, kind: str, spec: OpSpec, case: Case,
+                first_inputs: dict, names: list[str], compute) -> list[tuple]:
+        """A trajectory derived from a case's golden (its compute-precision floor): read
+        from the local store, or computed once by ``compute()`` under the key's lock and
+        stored beside the golden (meta ``derived``: its kind and the golden's key). Not
+        pushed to the registry: any client derives it from the golden's own inputs."""
+        traj = self._read_local(names, key)
+        if traj is not None:
+            return traj
+        if self.store is not None:
+            try:
+                with self.store.lock(key):
+                    traj = self._read_local(names, key)
+                    if traj is not None:
+                        return traj
+                    traj = compute()
+                    meta = {"op": spec.name, "case_id": case.id, "dtype": case.dtype,
+                            "outputs": names, "steps": case.steps, "case": case.canonical(),
+                            "derived": {"kind": kind, "of": base_key},
+                            **_provenance(spec, first_inputs)}
+                    self.store.put_tensors(key, trajectory_to_tensors(traj, names), meta)
+                    return traj
+            except STORE_FAULTS as exc:
+                self.degrade(exc)
+        traj = compute()
+        self._remember(key, traj)
+        return traj
+
     @staticmethod
     def _compute(spec, case, first_inputs):
         t1 = time.perf_counter()

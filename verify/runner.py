@@ -677,10 +677,26 @@ class ComputeFloor:
             self._steps = []
             if cfl.applies(self.spec, self.case):
                 try:
-                    self._steps = cfl.trajectory(self.spec, self.case, self.inputs)
+                    self._steps = self._stored()
                 except Exception as exc:  # a golden that only runs in float64, say
                     self.error = f"compute-precision floor unavailable: {_error_text(exc)}"
         return self._steps
+
+    def _stored(self) -> list[dict]:
+        """Computed once per golden: kept in the golden store beside it, so the other
+        kernels of the case, other workers and later runs read it."""
+        spec, case = self.spec, self.case
+        base = case.golden_key(spec.golden_version)
+        names = golden_source.golden_names(spec, case)
+
+        def compute():
+            steps = cfl.trajectory(spec, case, self.inputs)
+            return [tuple(step[n] for n in names) for step in steps]
+
+        traj = golden_source.resolver().derived(cfl.store_key(spec, base), base,
+                                                "compute_floor", spec, case, self.inputs,
+                                                names, compute)
+        return [dict(zip(names, step)) for step in traj]
 
     def step(self, s: int, name: str) -> torch.Tensor | None:
         steps = self.steps_or_empty()
