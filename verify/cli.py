@@ -252,6 +252,8 @@ def _pytest_args(a) -> list[str]:
 
 
 def cmd_run(a) -> int:
+    from . import selection
+    selection.check_keyword(a.keyword)  # exit 2 before any folder or worker exists
     if a.ray is not None:
         return _run_on_ray(a)
     import pytest
@@ -572,7 +574,14 @@ def _guarded(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="verify-run-") as tmp:
         marker = os.path.join(tmp, "finished")
         env = {**os.environ, FINISHED_ENV: marker}
-        child = subprocess.Popen([sys.executable, "-m", "verify.cli", *argv], env=env)
+        from .isolation import die_with_parent
+        child = subprocess.Popen([sys.executable, "-m", "verify.cli", *argv], env=env,
+                                 preexec_fn=die_with_parent)  # SIGKILL here ends it too
+
+        def forward(signum, frame):  # SIGTERM to this process ends the run, not only us
+            child.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
         while True:
             try:
                 code = child.wait()

@@ -151,3 +151,33 @@ def lingering_threads(before: set[int]) -> list[threading.Thread]:
     return [t for t in threading.enumerate()
             if t.ident not in before and not t.daemon and t is not threading.main_thread()
             and t.is_alive()]
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux prctl): a
+    worker or a guarded run never outlives the process that started it, even when that
+    one is killed with SIGKILL. Elsewhere, a thread polls the parent instead."""
+    import ctypes
+    import signal as _signal
+    import threading as _threading
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(_signal.SIGKILL), 0, 0, 0) == 0:
+            if os.getppid() != parent:  # the parent died before the call took effect
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        import time as _time
+        while os.getppid() == parent:
+            _time.sleep(1.0)
+        os._exit(1)
+
+    _threading.Thread(target=watch, name="verify-parent-watch", daemon=True).start()

@@ -96,6 +96,7 @@ def pytest_configure(config):
         if tr is not None:
             tr.reportchars = "w" if "w" in tr.reportchars else ""
     if hasattr(config, "workerinput"):  # before any kernel touches a device
+        isolation.die_with_parent()  # a killed controller leaves no worker running
         devices.pin_worker(config.workerinput.get("workerid"))
         devices.share_cpu(int(config.workerinput.get("workercount") or 1))
     try:
@@ -108,6 +109,10 @@ def pytest_configure(config):
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     isolation.configure(config)
+    if not hasattr(config, "workerinput") and not getattr(config.option, "numprocesses", 0):
+        # -n 0: kernels run in this process; one stuck past its limit ends the run here
+        # after its rows are written (there is no worker to end and replace)
+        runner.CASE_LIMIT["on_stuck"] = _end_stuck_serial_run
     config._verify_threads = {t.ident for t in threading.enumerate()}
     sel = selection.Selection(
         level=config.getoption("--level"), cases_dir=config.getoption("--cases"),
@@ -126,6 +131,11 @@ def pytest_configure(config):
     config._verify_rows = []
     config._verify_by_name = {item_name(c, k): (c, k) for c, k in config._verify_plan.items}
     if not hasattr(config, "workerinput"):
+        try:
+            selection.check_keyword(config.getoption("keyword"))
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        _stop_on_sigterm()
         _TIMING.clear()
         _TIMING["configured"] = time.time()
         _PROGRESS[:] = [_Progress(config)]
@@ -178,7 +188,9 @@ class CaseItem(pytest.Item):
              *case.tags})
 
     def runtest(self):
+        _CURRENT[:] = [self]
         rows = runner.run_case(self.case, self.kern)
+        _CURRENT.clear()
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         for r in rows:
             r["worker"] = worker
@@ -320,7 +332,7 @@ def pytest_xdist_node_collection_finished(node, ids):
             _PLANNED[nodeid] = pair
 
 
-def _vanished(rows: list[dict]) -> list[dict]:
+def _vanished(rows: list[dict], interrupted: str = "") -> list[dict]:
     """An ERROR row for every planned item that produced no rows: a worker that crashed
     (segfault, os._exit, OOM kill), an item interrupted, a kernel that ended its process.
     Nothing planned disappears from the counts, the exit status or the reports."""
@@ -329,11 +341,82 @@ def _vanished(rows: list[dict]) -> list[dict]:
     for nodeid, (case, kern) in sorted(_PLANNED.items()):
         if (case.op, case.level, case.id, kern.backend, kern.name) in seen:
             continue
-        cause = _FAULTS.get(nodeid) or "the item did not report (interrupted?)"
+        cause = _FAULTS.get(nodeid) or (f"not run: {interrupted}" if interrupted else
+                                        "the item did not report (interrupted?)")
         out.append(runner.vanished_row(case, kern, f"no result: {cause}"))
     return out
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a CI job cancelled, a kill) ends the run as Ctrl-C does: pytest stops,
+    the rows so far are written with the run marked interrupted, exit 2. xdist's workers
+    are ended with it."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum, frame):
+        _INTERRUPTED[:] = [signal.Signals(signum).name]
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+def _write_report(config, rows: list[dict], interrupted: str = "") -> None:
+    """results.json and its views for ``rows``; ``interrupted``: why the run ended early
+    (meta.interrupted, shown in the report's warnings)."""
+    timing = dict(_TIMING, reports_start=time.time())
+    _TIMING.clear()
+    warnings = list(getattr(config, "_verify_warnings", []))
+    if interrupted:
+        warnings.insert(0, interrupted)
+    meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
+            "environment": results.environment(), "warnings": warnings,
+            "timing": timing, "selection": config._verify_selection,
+            "shard": config._verify_shard, "harness": shards.harness_id()}
+    if interrupted:
+        meta["interrupted"] = interrupted
+    results.write(rows, config._verify_run_dir, meta)
+
+
+def _end_stuck_serial_run(seconds: float) -> None:
+    """The watchdog's action under -n 0: the case never returned to Python past its limit
+    plus the grace. Write every row so far and an ERROR row for the stuck case, then end
+    the process (exit 1): nothing else can stop code that ignores SIGALRM."""
+    try:
+        config = _CONFIG[0]
+        item = _CURRENT[0] if _CURRENT else None
+        reason = (f"timed out after {seconds:g} s while {runner._PHASE[0]}, and never "
+                  f"returned to Python: -n 0 runs kernels in the run's own process, so the "
+                  f"run was ended after writing its rows (--case-timeout {seconds:g}, 0: no "
+                  f"limit; without -n 0 its worker is ended and a fresh one runs the rest)")
+        rows = list(_ROWS)
+        if item is not None:
+            rows.append(runner.vanished_row(item.case, item.kern, reason))
+        left = len(_PLANNED) - len({(r["op"], r["level"], r["case_id"], r["backend"],
+                                     r["kernel"]) for r in rows})
+        _write_report(config, rows, interrupted=f"ended: a case got stuck ({reason}); "
+                                                f"{max(0, left)} planned case(s) not run")
+        capman = config.pluginmanager.getplugin("capturemanager")
+        if capman is not None:  # the item's output capture would swallow the message
+            capman.suspend_global_capture(in_=False)
+        sys.stderr.write(f"verify: error: {item.nodeid if item else 'a case'} {reason}; "
+                         f"reports in {config._verify_run_dir}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        from .cli import mark_finished
+        mark_finished(1)  # ended by our own code: a guarding `verify run` passes on 1
+    except BaseException as exc:  # the process ends regardless; say why the report did not
+        sys.stderr.write(f"verify: error: a case got stuck past its limit and the run was "
+                         f"ended; its report could not be written: {exc!r}\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(1)
+
+
+_CURRENT: list = []  # the case item running in this process (-n 0)
+_INTERRUPTED: list[str] = []  # the signal that interrupted the run, for its report
 _ROWS: list[dict] = []
 _OWN_FAILED: set = set()  # the project's own tests that failed (their exit status counts)
 _PLANNED: dict = {}  # nodeid -> (case, kernel) of every selected item
@@ -348,7 +431,9 @@ def pytest_sessionfinish(session, exitstatus):
     if not _active(config) or hasattr(config, "workerinput"):
         return
     rows = list(_ROWS)
-    rows += _vanished(rows)
+    stopped = (f"the run was interrupted ({_INTERRUPTED[0] if _INTERRUPTED else 'Ctrl-C'})"
+               if session.exitstatus == pytest.ExitCode.INTERRUPTED else "")
+    rows += _vanished(rows, stopped)
     own_failed = set(_OWN_FAILED)
     _OWN_FAILED.clear()
     config._verify_own_failed = sorted(own_failed)
@@ -368,13 +453,10 @@ def pytest_sessionfinish(session, exitstatus):
                    and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED)
     if not rows and not empty_shard:
         return
-    timing = dict(_TIMING, reports_start=time.time())
-    _TIMING.clear()
-    meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
-            "environment": results.environment(), "warnings": config._verify_warnings,
-            "timing": timing, "selection": config._verify_selection,
-            "shard": config._verify_shard, "harness": shards.harness_id()}
-    results.write(rows, config._verify_run_dir, meta)
+    _write_report(config, rows, interrupted=(
+        f"{stopped}: {sum(1 for r in rows if not str(r.get('reason', '')).startswith('no result: not run'))} "
+        f"rows judged, the cases not run are ERROR rows 'not run'" if stopped else ""))
+    _INTERRUPTED.clear()
     if empty_shard:
         print(f"verify: shard {config._verify_shard} has no case to run (the selection has "
               f"{config._verify_selection_size} before -k); wrote an empty report to "

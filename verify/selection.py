@@ -193,3 +193,17 @@ def live_golden_keys(cases_dirs: list[str]) -> set[str]:
         if cfl.applies(spec, case):  # the compute-precision floor kept beside it
             keys.add(cfl.store_key(spec, key))
     return keys
+
+
+def check_keyword(expr: str | None) -> None:
+    """A -k expression pytest can parse, checked before any report folder or worker
+    exists (a bad one broke xdist's controller with an INTERNALERROR)."""
+    if not expr:
+        return
+    try:
+        from _pytest.mark.expression import Expression
+        Expression.compile(expr)
+    except ImportError:  # another pytest's internals: pytest itself will say
+        return
+    except SyntaxError as exc:
+        raise ConfigError(f"-k {expr!r}: wrong expression passed to '-k': {exc}") from None
