@@ -21,22 +21,20 @@ def _from_a_test(fn) -> bool:
     return not (getattr(fn, "__module__", "") or "").startswith("verify.")
 
 
-@pytest.fixture(autouse=True)
-def _registrations_end_with_their_test():
-    """Kernels, backward kernels and ops that a test registers in this process are gone
-    after it (a backend left without kernels makes no items): xdist runs many tests in
-    one process, and a later in-process ``verify.run()`` without backends runs every
-    default backend it knows, a test's deliberately bad kernels included. What was
-    registered before the test (the op packs, registrations made when test modules were
-    imported) stays."""
+def _snapshot():
     import sys
 
     from verify import registry
     registry.load_builtin()
-    ops = set(registry._OPS)
-    kernels = {id(k) for k in registry._KERNELS}
-    backwards, modules = set(registry._BACKWARDS), set(sys.modules)
-    yield
+    return (set(registry._OPS), {id(k) for k in registry._KERNELS}, set(registry._BACKWARDS),
+            set(sys.modules))
+
+
+def _restore(snapshot) -> None:
+    import sys
+
+    from verify import registry
+    ops, kernels, backwards, modules = snapshot
     registry._KERNELS[:] = [k for k in registry._KERNELS
                             if id(k) in kernels or not _from_a_test(k.fn)]
     for key in set(registry._BACKWARDS) - backwards:
@@ -48,3 +46,25 @@ def _registrations_end_with_their_test():
     for name in set(sys.modules) - modules:  # user modules loaded from a path: a later
         if name.startswith("verify_user_"):   # test loading the same file registers again
             del sys.modules[name]
+
+
+@pytest.fixture(autouse=True)
+def _registrations_end_with_their_test():
+    """Kernels, backward kernels and ops that a test registers in this process are gone
+    after it (a backend left without kernels makes no items): xdist runs many tests in
+    one process, and a later in-process ``verify.run()`` without backends runs every
+    default backend it knows, a test's deliberately bad kernels included. What was
+    registered before the test (the op packs, registrations made when test modules were
+    imported) stays."""
+    snapshot = _snapshot()
+    yield
+    _restore(snapshot)
+
+
+@pytest.fixture(scope="module")
+def module_registrations():
+    """The same for a module-scoped fixture that registers kernels or ops (it runs before
+    any test's own snapshot): what it registers ends with the module."""
+    snapshot = _snapshot()
+    yield
+    _restore(snapshot)

@@ -100,7 +100,7 @@ def _rows(res, **match):
 
 
 @pytest.fixture(scope="module")
-def layer_norm_run(tmp_path_factory):
+def layer_norm_run(tmp_path_factory, module_registrations):
     tmp = tmp_path_factory.mktemp("ln")
     (tmp / "ln.py").write_text(LAYER_NORM)
     write_cases(tmp / "cases", LN_CASES)
@@ -152,7 +152,7 @@ def test_the_terminal_and_report_list_floor_and_variant_passes_apart(layer_norm_
 
 
 @pytest.fixture(scope="module")
-def ce_run(tmp_path_factory):
+def ce_run(tmp_path_factory, module_registrations):
     """The built-in L0 cases of fused_cross_entropy (their inputs are the reproducer's)."""
     tmp = tmp_path_factory.mktemp("ce")
     (tmp / "ce.py").write_text(CE_LSE)
@@ -173,7 +173,7 @@ def test_lse_minus_gather_cross_entropy_passes_confident_tokens(ce_run):
 
 
 @pytest.fixture(scope="module")
-def gdn_run():
+def gdn_run(module_registrations):
     return verify.run(level="L0", ops=["chunk_gated_delta_rule"], backends=["mine"],
                       kernels=[str(REPO / "tests" / "data" / "bf16_intermediates_gdn.py")],
                       dtypes=["bf16", "fp16", "fp32"], reports=False)

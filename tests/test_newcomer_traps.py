@@ -40,7 +40,7 @@ def wrong_dtype(x1, x2, gamma, beta=None, *, epsilon):
 
 
 @pytest.fixture(scope="module")
-def newcomer(tmp_path_factory):
+def newcomer(tmp_path_factory, module_registrations):
     tmp = tmp_path_factory.mktemp("newcomer")
     (tmp / "mine.py").write_text(KERNELS)
     res = verify.run(level="L0", ops=["add_rms_norm_bias"], backends=["newcomer"],

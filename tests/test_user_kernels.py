@@ -46,7 +46,7 @@ def third(weight, grad, m, v, *, beta1, beta2, lr, weight_decay, eps, step):
 
 
 @pytest.fixture(scope="module")
-def three_kernels(tmp_path_factory):
+def three_kernels(tmp_path_factory, module_registrations):
     tmp = tmp_path_factory.mktemp("three")
     (tmp / "three.py").write_text(THREE_ADAMW)
     return verify.run(level="L0", ops=["apply_adam_w_v2"], backends=["mine"],

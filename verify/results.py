@@ -388,23 +388,6 @@ def one_line_rows(rows: list[dict], width: int) -> list[str]:
                     [4, 16, 28, 36, 28, 24, 9, 9, 9], width, range(2, 6))
 
 
-def _row_table(rows: list[dict], title: str):
-    """Rows with their figures, every cell in full (``-v``)."""
-    from rich.table import Table
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for col in ("op", "case", "kernel", "output", "verdict", "MERE", "MARE", "max abs",
-                "floor max abs", "why (non-PASS)"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        v = r.get("verdict", "")
-        label = v if r.get("expected", "PASS") == "PASS" else f"{v} (expected FAIL)"
-        table.add_row(r["op"], f"{r['level']}-{r['case_id']}", _kernel_label(r),
-                      r.get("output") or "-", f"[{_STYLE.get(v, '')}]{label}[/]",
-                      *(_fmt(r.get(k)) for k in ("mere", "mare", "max_abs", "floor_max_abs")),
-                      "" if v == "PASS" else (r.get("reason") or ""))
-    return table
-
-
 def _per_kernel_table(rows: list[dict]):
     """One line per op and kernel: how many cases and rows, and their verdicts."""
     from rich.table import Table
@@ -504,8 +487,15 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color,
                       highlight=False)
     console.print(_per_kernel_table(rows))
-    if verbose:
-        console.print(_row_table(rows, "precision verdicts (every row)"))
+    if verbose:  # every row, one line each, then the full reasons of those not passing
+        console.print("precision verdicts (every row):", soft_wrap=True, markup=False)
+        for text in one_line_rows(rows, width):
+            console.print(text, soft_wrap=True, markup=False, highlight=False)
+        bad = [r for r in rows if r.get("verdict") in ("FAIL", "ERROR")]
+        if bad:
+            console.print("why, in full (rows not passing):", soft_wrap=True)
+            for line in _details(bad):
+                console.print(line, soft_wrap=True, markup=False)
     else:
         bad = [r for r in rows if r.get("verdict") == "ERROR" or (
             r.get("verdict") == "FAIL" and r.get("expected", "PASS") == "PASS")]
