@@ -13,6 +13,7 @@ import pandas as pd
 
 from . import deadline, golden_source, notices, results, runner, selection, shards
 from .ray_tasks import NodeContext
+from .errors import ConfigError
 
 
 @dataclass
@@ -73,7 +74,8 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         registry_required: bool = False, time: int = 0,
         benchmark_backend: str | None = None,
         case_timeout: float | None = None, ray: str | None = None, retries: int = 1,
-        shard: str | None = None, progress_every: float = 10.0) -> RunResult:
+        shard: str | None = None, progress_every: float = 10.0,
+        verify_fetched: float | None = None) -> RunResult:
     """Run the selection and return its rows; ``reports=False`` writes no files.
     Goldens come from ``store`` (default VERIFY_STORE or .verify-store), then ``registry``,
     then are computed. ``time=N`` records each kernel's median wall time over N calls.
@@ -85,7 +87,9 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
     ``ray``: run on a Ray cluster instead (``auto``, ``HOST:PORT``, ``local``,
     ``'local:NPU=4'``; needs kernel-verify[ray]): goldens and cases are tasks, each case in
     a process of its own; a lost node's cases are resubmitted up to ``retries`` times.
-    ``shard='I/N'``: only shard I of N of the selection (``verify merge`` joins them)."""
+    ``shard='I/N'``: only shard I of N of the selection (``verify merge`` joins them).
+    ``verify_fetched``: the share of goldens fetched from the registry that are recomputed
+    and compared (default 0.1, and always the first of each op and dtype; 0: off)."""
     seconds = deadline.check_seconds(case_timeout, "case_timeout")
     repeats = selection.check_count(time, "time")
     retries = selection.check_count(retries, "retries", most=100)
@@ -98,7 +102,10 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
         kernel_modules=list(kernels)))
     plan.items, selection_id, shard = shards.take(plan.items, shard)
-    golden_source.configure(store, registry, registry_required)
+    if verify_fetched is not None and not 0.0 <= float(verify_fetched) <= 1.0:
+        raise ConfigError(f"verify_fetched must be a fraction from 0 to 1, not "
+                          f"{verify_fetched!r}")
+    golden_source.configure(store, registry, registry_required, verify_fetched)
     runner.TIMING["repeats"] = repeats
     runner.CASE_LIMIT["seconds"] = seconds
     runner.BENCHMARK["backend"] = selection.check_benchmark_backend(benchmark_backend)
@@ -112,7 +119,8 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
                                                          if benchmark_backend else []))),
             store=os.path.abspath(store) if store else None,
             registry=registry or os.environ.get("VERIFY_REGISTRY") or None,
-            registry_required=registry_required, case_timeout=seconds,
+            registry_required=registry_required, verify_fetched=verify_fetched,
+            case_timeout=seconds,
             time_repeats=repeats, benchmark_backend=benchmark_backend)
         outcome = ray_run.execute(plan.items, ray_run.Options(
             ray, ctx, retries=retries, progress_every=progress_every))

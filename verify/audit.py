@@ -134,12 +134,18 @@ def audit_store(store: GoldenStore, fraction: float = 1.0, seed: int = 0):
     return [audit_entry(store, k) for k in sample_keys(keys, fraction, seed)], len(keys)
 
 
-def audit_registry(url: str, fraction: float = 1.0, seed: int = 0):
-    """Fetch a sample of the registry's goldens into a scratch store (each checked
-    against its hash and key on the way) and audit them there."""
+def audit_registry(url: str, fraction: float = 1.0, seed: int = 0,
+                   writer: str | None = None):
+    """Fetch a sample of the registry's goldens (``writer``: all those one writer's token
+    wrote) into a scratch store (each checked against its hash and key on the way) and
+    audit them there. A disputed golden is fetched all the same: the audit is the check."""
     from .registry_client import RegistryClient
     client = RegistryClient(url)
-    keys = client.keys()
+    if writer:
+        keys = [i["key"] for i in client.items() if i.get("writer") == writer]
+    else:
+        keys = client.keys()
+    client.audit_mode = True
     findings = []
     with tempfile.TemporaryDirectory(prefix="verify-audit-") as scratch:
         store = GoldenStore(scratch)

@@ -30,6 +30,10 @@ def _add_store(p, registry_too=False):
                             "from it and pushed to it when VERIFY_REGISTRY_TOKEN is set")
         p.add_argument("--registry-required", action="store_true",
                        help="fail (exit 2) instead of computing when the registry is away")
+        p.add_argument("--verify-fetched", type=_fraction, default=None, metavar="F",
+                       help="recompute the first golden fetched for each op and dtype and a "
+                            "share F of the rest, bit for bit (default 0.1; 0: off, 1: all): "
+                            "a mismatch is an ERROR row and is disputed at the registry")
 
 
 def _add_selection(p):
@@ -206,6 +210,17 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     audit.add_argument("--kernels", action="append", default=[],
                        help="module declaring ops whose goldens the store holds; repeatable")
+    audit.add_argument("--writer", default=None, metavar="ID",
+                       help="with --registry: every golden this writer's token wrote (its id "
+                            "as the registry lists it), all of them recomputed")
+    resolve = gsub.add_parser("resolve", help="the admin's decision on a disputed golden of "
+                                              "a registry (VERIFY_REGISTRY_ADMIN_TOKEN)")
+    resolve.add_argument("key", help="the golden's key (64 hex digits)")
+    resolve.add_argument("--registry", default=None, help="the registry (default "
+                                                          "VERIFY_REGISTRY)")
+    resolve.add_argument("--drop", action="store_true",
+                         help="remove the golden (an honest writer may put the key again); "
+                              "default: keep it and clear the dispute")
     gc = gsub.add_parser("gc", help="remove goldens no case or golden version refers to")
     _add_store(gc)
     gc.add_argument("--cases", action="append", default=[],
@@ -241,6 +256,8 @@ def _pytest_args(a) -> list[str]:
         args.append(f"--time={a.time}")
     if a.registry_required:
         args.append("--registry-required")
+    if getattr(a, "verify_fetched", None) is not None:
+        args.append(f"--verify-fetched={a.verify_fetched}")
     if a.workers is not None:
         args += ["-n", str(a.workers)]
     if a.case_timeout is not None:
@@ -291,6 +308,7 @@ def _run_on_ray(a) -> int:
                          dtypes=a.dtype or None, cases=a.cases, kernels=a.kernels,
                          reports=a.reports, run_id=a.run_id, store=a.store,
                          registry=a.registry, registry_required=a.registry_required,
+                         verify_fetched=a.verify_fetched,
                          time=a.time, benchmark_backend=a.benchmark_backend,
                          case_timeout=a.case_timeout, ray=a.ray, retries=a.retries,
                          shard=a.shard, progress_every=a.progress_every)
@@ -429,6 +447,8 @@ def cmd_golden(a) -> int:
         return _warm(a, a.store or default_store_dir(), console)
     if a.golden_command == "audit":
         return _audit(a, console)
+    if a.golden_command == "resolve":
+        return _resolve(a, console)
     # commands that read a store refuse a folder that is not there (never create one)
     store_dir = existing_store_dir(a.store)
     if a.golden_command == "ls":
@@ -469,9 +489,12 @@ def _audit(a, console) -> int:
 
     for module in a.kernels:
         registry.load_user_module(module)
+    if a.writer and not a.registry:
+        raise ConfigError("--writer ID audits a registry's goldens: give --registry URL")
     if a.registry:
-        where = a.registry
-        findings, total = audit.audit_registry(a.registry, a.sample, a.seed)
+        where = a.registry + (f" written by {a.writer}" if a.writer else "")
+        findings, total = audit.audit_registry(a.registry, 1.0 if a.writer else a.sample,
+                                               a.seed, writer=a.writer)
     else:
         where = existing_store_dir(a.store)
         findings, total = audit.audit_store(GoldenStore(where), a.sample, a.seed)
@@ -493,6 +516,29 @@ def _audit(a, console) -> int:
     return 1 if counts[audit.DIFFERS] else 0
 
 
+def _resolve(a, console) -> int:
+    from .registry_client import RegistryClient, RegistryUnavailable
+    from .store import valid_key
+    url = a.registry or os.environ.get("VERIFY_REGISTRY")
+    if not url:
+        raise ConfigError("verify golden resolve needs --registry URL (or VERIFY_REGISTRY)")
+    if not valid_key(a.key):
+        raise ConfigError(f"{a.key!r} is not a golden key (64 lowercase hex digits)")
+    admin = os.environ.get("VERIFY_REGISTRY_ADMIN_TOKEN")
+    if not admin:
+        raise ConfigError("verify golden resolve needs the registry's admin token in "
+                          "VERIFY_REGISTRY_ADMIN_TOKEN")
+    try:
+        status, text = RegistryClient(url).resolve(a.key, "drop" if a.drop else "keep", admin)
+    except RegistryUnavailable as exc:
+        raise ConfigError(f"registry {url}: {exc}") from None
+    if status != 200:
+        console.print(f"[red]refused[/] HTTP {status}: {text}")
+        return 1
+    console.print(f"golden {a.key[:16]}: {'dropped' if a.drop else 'kept, dispute cleared'}")
+    return 0
+
+
 def _warm(a, store_dir: str, console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn)
@@ -501,7 +547,8 @@ def _warm(a, store_dir: str, console) -> int:
 
     cases = selection.select_cases(selection.Selection(
         level=a.level, cases_dir=a.cases, ops=a.op or None, dtypes=a.dtype or None))
-    resolver = golden_source.configure(store_dir, a.registry, a.registry_required)
+    resolver = golden_source.configure(store_dir, a.registry, a.registry_required,
+                                       a.verify_fetched)
     todo, seen = [], set()
     for case in cases:
         spec = registry.op(case.op)

@@ -132,14 +132,70 @@ STORE_FAULTS = (sqlite3.Error, OSError, SafetensorError, StoreUnavailable, Timeo
 MEMORY_GOLDENS = 8  # kept in memory by a degraded run (the kernels of one case share one)
 
 
+VERIFY_FETCHED = 0.1  # default share of fetched goldens recomputed (beyond one per op+dtype)
+SAME_RTOL = 1e-12     # a recomputation within this of the fetched golden is the same golden:
+                      # torch's float64 reductions may differ in the last bits with threads
+
+
+class GoldenDisputed(Exception):
+    """A golden fetched from the registry differs from this machine's recomputation."""
+
+
 class GoldenResolver:
     def __init__(self, store: GoldenStore | None, client: RegistryClient | None = None,
-                 required: bool = False, store_dir: str = ""):
+                 required: bool = False, store_dir: str = "",
+                 verify_fetched: float = VERIFY_FETCHED):
         self.store = store
         self.client = client
         self.required = required
         self.store_dir = store_dir or (str(store.root) if store is not None else "")
         self._memory: dict[str, list] = {}
+        self.verify_fetched = verify_fetched
+        self._checked_groups: set[tuple[str, str]] = set()
+        self._disputed: dict[str, str] = {}
+        self.fetched_checks = {"verified": 0, "seconds": 0.0, "disputed": 0}
+
+    def _should_verify(self, spec: OpSpec, case: Case, key: str) -> bool:
+        """The first fetched golden of each op and dtype (in this process), then a share
+        ``verify_fetched`` of the rest, chosen by key (the same choice on every machine);
+        0 switches it off, 1 recomputes every fetched golden."""
+        f = self.verify_fetched
+        if f <= 0:
+            return False
+        group = (spec.name, case.dtype)
+        if group not in self._checked_groups or f >= 1:
+            self._checked_groups.add(group)
+            return True
+        return int(key[:8], 16) / 16 ** 8 < f
+
+    def _check_fetched(self, spec, case, key, names, traj, first_inputs, provenance) -> None:
+        """Recompute a fetched golden; a mismatch is disputed at the registry, replaced
+        in the local store and raised (an ERROR row for every case that uses it)."""
+        t0 = time.perf_counter()
+        fresh = golden_trajectory(spec, case, first_inputs)
+        self.fetched_checks["verified"] += 1
+        problem = _difference(names, fresh, traj)
+        self.fetched_checks["seconds"] += time.perf_counter() - t0
+        if not problem:
+            return
+        self.fetched_checks["disputed"] += 1
+        text = (f"the registry's golden for {key} differs from a recomputation: {problem} "
+                f"(disputed at the registry; every client treats it as absent until an "
+                f"admin runs verify golden resolve {key[:16]}...)")
+        self._disputed[key] = text
+        if self.store is not None:
+            try:
+                self.store.remove(key, drop_blob=True)
+                self._store(key, spec, case, names, fresh, provenance)
+            except STORE_FAULTS as exc:
+                self.degrade(exc)
+        try:
+            status = self.client.dispute(key, f"{problem} (recomputed by a client)")
+            if status not in (200, 201):
+                notices.warn(f"reporting the disputed golden {key[:12]}: HTTP {status}")
+        except RegistryUnavailable as exc:
+            notices.warn(f"reporting the disputed golden {key[:12]}: {exc}")
+        raise GoldenDisputed(text)
 
     def _registry_down(self, exc: Exception) -> None:
         if self.required:
@@ -169,6 +225,8 @@ class GoldenResolver:
 
     def get(self, spec: OpSpec, case: Case, first_inputs: dict | None = None) -> Golden:
         key = case.golden_key(spec.golden_version)
+        if key in self._disputed:  # every case that used it is an ERROR row
+            raise GoldenDisputed(self._disputed[key])
         names = golden_names(spec, case)
         t0 = time.perf_counter()
         traj = self._read_local(names, key)
@@ -182,6 +240,9 @@ class GoldenResolver:
                 if self.client.fetch(key, self.store, expect=provenance):
                     traj = self._read_local(names, key)
                     if traj is not None:
+                        if self._should_verify(spec, case, key):
+                            self._check_fetched(spec, case, key, names, traj, first_inputs,
+                                                provenance)
                         return Golden(traj, REGISTRY, time.perf_counter() - t0, key, names)
             except RegistryUnavailable as exc:
                 self._registry_down(exc)
@@ -291,6 +352,26 @@ class GoldenResolver:
         return self._push(key)
 
 
+def _difference(names, fresh, kept) -> str:
+    """'' when two trajectories are the same golden (bit for bit, or within SAME_RTOL of
+    each element's magnitude, NaN matching NaN); else where they differ first."""
+    if len(fresh) != len(kept):
+        return f"{len(kept)} steps fetched, {len(fresh)} recomputed"
+    for s, (a_step, b_step) in enumerate(zip(fresh, kept)):
+        for name, a, b in zip(names, a_step, b_step):
+            a64, b64 = a.detach().to(torch.float64), b.detach().to(torch.float64)
+            if a64.shape != b64.shape:
+                return f"step {s + 1} output {name}: shape {list(b64.shape)} fetched, " \
+                       f"{list(a64.shape)} recomputed"
+            same = (a64 == b64) | (a64.isnan() & b64.isnan()) | \
+                ((a64 - b64).abs() <= SAME_RTOL * torch.maximum(a64.abs(), b64.abs()))
+            if not bool(same.all()):
+                diff = (a64 - b64).abs().nan_to_num(float("inf")).max().item()
+                return (f"step {s + 1} output {name}: max |fetched - recomputed| {diff:.3e} "
+                        f"at {int((~same).sum())} of {same.numel()} elements")
+    return ""
+
+
 def _provenance(spec: OpSpec, first_inputs: dict) -> dict:
     """What a golden was computed from, stored in its blob and checked on every fetch:
     the golden version (the code of the golden and what it reaches) and the fingerprint
@@ -320,9 +401,9 @@ _RESOLVER: GoldenResolver | None = None
 
 
 def configure(store: str | None = None, registry: str | None = None,
-              required: bool = False) -> GoldenResolver:
-    """Set the run's golden sources (``--store``, ``--registry``, ``--registry-required``;
-    defaults from VERIFY_STORE and VERIFY_REGISTRY)."""
+              required: bool = False, verify_fetched: float | None = None) -> GoldenResolver:
+    """Set the run's golden sources (``--store``, ``--registry``, ``--registry-required``,
+    ``--verify-fetched``; defaults from VERIFY_STORE and VERIFY_REGISTRY)."""
     global _RESOLVER
     store_dir = str(store or default_store_dir())
     if os.path.exists(store_dir) and not os.path.isdir(store_dir):
@@ -346,7 +427,8 @@ def configure(store: str | None = None, registry: str | None = None,
         notices.warn(f"golden registry {url} is not reachable; goldens come from the local "
                      f"store or are computed")
         client = None
-    _RESOLVER = GoldenResolver(store_obj, client, required, store_dir)
+    _RESOLVER = GoldenResolver(store_obj, client, required, store_dir,
+                               VERIFY_FETCHED if verify_fetched is None else verify_fetched)
     return _RESOLVER
 
 

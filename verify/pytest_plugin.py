@@ -46,6 +46,9 @@ def pytest_addoption(parser):
                 help="local golden store folder (default VERIFY_STORE, else the user's "
                      "cache folder)")
     g.addoption("--registry", default=None, help="golden registry URL (or VERIFY_REGISTRY)")
+    g.addoption("--verify-fetched", type=float, default=None, metavar="F",
+                help="recompute the first fetched golden of each op and dtype and a share F "
+                     "of the rest (default 0.1; 0: off, 1: all); a mismatch is an ERROR row")
     g.addoption("--registry-required", action="store_true", default=False,
                 help="a usage error when the registry cannot be reached")
     g.addoption("--time", dest="verify_time", type=int, nargs="?", const=5, default=0,
@@ -124,8 +127,11 @@ def pytest_configure(config):
         _take_shard(config)
         runner.BENCHMARK["backend"] = selection.check_benchmark_backend(
             config.getoption("--benchmark-backend"))
+        fetched = config.getoption("--verify-fetched")
+        if fetched is not None and not 0.0 <= fetched <= 1.0:
+            raise ConfigError(f"--verify-fetched must be a fraction from 0 to 1, not {fetched}")
         golden_source.configure(config.getoption("--store"), config.getoption("--registry"),
-                                config.getoption("--registry-required"))
+                                config.getoption("--registry-required"), fetched)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._verify_rows = []

@@ -23,6 +23,7 @@ class NodeContext:
     store: str | None = None  # --store; None: the node's own default
     registry: str | None = None
     registry_required: bool = False
+    verify_fetched: float | None = None
     case_timeout: float | None = None
     time_repeats: int = 0
     benchmark_backend: str | None = None
@@ -56,7 +57,8 @@ def setup(ctx: NodeContext) -> None:
     for module in ctx.kernel_modules:
         registry.load_user_module(_module_path(module, ctx.cwd))
     registry.load_backends(ctx.backends or None)
-    golden_source.configure(ctx.store, ctx.registry, ctx.registry_required)
+    golden_source.configure(ctx.store, ctx.registry, ctx.registry_required,
+                            ctx.verify_fetched)
     runner.TIMING["repeats"] = ctx.time_repeats
     runner.CASE_LIMIT["seconds"] = ctx.case_timeout
     runner.CASE_LIMIT["on_stuck"] = None  # the driver ends a task stuck past its limit

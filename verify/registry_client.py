@@ -26,6 +26,7 @@ def _httpx():
 
 HASH_HEADER = "X-Content-BLAKE3"
 META_HEADER = "X-Golden-Meta"
+DISPUTED_HEADER = "X-Golden-Disputed"  # a client's recomputation differed: treat as absent
 CHUNK = 1 << 20
 
 
@@ -46,6 +47,8 @@ class RegistryClient:
         ca = os.environ.get("VERIFY_REGISTRY_CA")
         verify = ssl.create_default_context(cafile=ca) if ca else True
         self._http = httpx.Client(base_url=self.url, timeout=timeout, verify=verify)
+        self.disputed_seen: set[str] = set()  # keys the registry served as disputed
+        self.audit_mode = False  # an audit fetches disputed goldens too, to judge them
 
     @staticmethod
     def _auth(token: str | None) -> dict:
@@ -102,11 +105,40 @@ class RegistryClient:
                                               f"(set VERIFY_REGISTRY_READ_TOKEN)")
                 if resp.status_code != 200:
                     raise RegistryUnavailable(f"{self.url}{path}: HTTP {resp.status_code}")
+                if resp.headers.get(DISPUTED_HEADER) and not self.audit_mode:  # absent
+                    self.disputed_seen.add(key)
+                    return False
                 store.put_stream(key, resp.iter_bytes(CHUNK), resp.headers[HASH_HEADER],
                                  expect=expect)
                 return True
         except self._http_error as exc:
             raise RegistryUnavailable(f"{self.url}: {type(exc).__name__}: {exc}") from exc
+
+    def dispute(self, key: str, detail: str) -> int:
+        """Report that this client's recomputation of ``key`` differs (read token)."""
+        resp = self._call("POST", f"/v1/goldens/{key}/dispute", json={"detail": detail},
+                          headers=self._auth(self.read_token))
+        return resp.status_code
+
+    def resolve(self, key: str, action: str, admin_token: str | None) -> tuple[int, str]:
+        """The admin's decision on a disputed key: 'keep' or 'drop'."""
+        resp = self._call("POST", f"/v1/goldens/{key}/resolve", params={"action": action},
+                          headers=self._auth(admin_token))
+        return resp.status_code, resp.text
+
+    def items(self, page: int = 1000) -> list[dict]:
+        """Every listed golden with its writer's id and dispute state."""
+        out, offset = [], 0
+        while True:
+            resp = self._call("GET", "/v1/goldens", params={"offset": offset, "limit": page},
+                              headers=self._auth(self.read_token))
+            if resp.status_code != 200:
+                raise RegistryUnavailable(f"{self.url}/v1/goldens: HTTP {resp.status_code}")
+            items = resp.json()["items"]
+            out += items
+            if len(items) < page:
+                return out
+            offset += page
 
     def push(self, key: str, store: GoldenStore) -> int:
         """Upload the local blob of ``key``; returns the HTTP status (201, 200, 401, ...)."""

@@ -499,6 +499,8 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         golden = golden_source.resolver().get(spec, case, first_inputs)
     except golden_source.RegistryUnavailable as exc:  # --registry-required
         return [_row(base, verdict="ERROR", reason=f"registry unavailable: {exc}")]
+    except golden_source.GoldenDisputed as exc:  # a poisoned golden: never a green row
+        return [_row(base, verdict="ERROR", reason=str(exc))]
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
     g_steps = [golden.step(s) for s in range(len(golden.trajectory))]

@@ -4,6 +4,8 @@
     HEAD /v1/goldens/{key}   the same headers, no body
     PUT  /v1/goldens/{key}   upload (write token); checked against X-Content-BLAKE3
     GET  /v1/goldens         list, paged (?offset=&limit=)
+    POST /v1/goldens/{key}/dispute   a client's recomputation differs (read token)
+    POST /v1/goldens/{key}/resolve   ?action=keep|drop: an admin ends a dispute
     GET  /v1/stats           counts and bytes stored, requests served
     GET  /healthz            liveness (always open)
     GET  /openapi.json       the OpenAPI description (FastAPI), /docs to browse it
@@ -20,6 +22,12 @@ otherwise); bad metadata is 400 before anything is stored; uploads over the maxi
 413; a client that sends its headers or body too slowly is cut off. Writes go to a temp
 file, renamed into place only when complete and checked, so a stopped server never
 leaves a partial golden. With ``--tls-cert`` and ``--tls-key`` the service speaks HTTPS.
+
+Each key records the id of the token that wrote it (verify/registry_records.py); a blob
+whose record this registry can see is wrong (another golden version for a built-in op,
+inputs that are not its case's) is refused at PUT (400), so it never blocks an honest
+writer's key; a disputed key is served with ``X-Golden-Disputed``, which clients treat
+as absent, until the admin resolves it (keep it, or drop it so it can be written again).
 """
 from __future__ import annotations
 
@@ -38,8 +46,9 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from . import registry_records as rr
 from .registry_client import HASH_HEADER, META_HEADER
-from .store import GoldenStore, HashMismatch, new_hasher, valid_key
+from .store import GoldenStore, HashMismatch, RecordRejected, new_hasher, valid_key
 
 log = logging.getLogger("verify.service")
 DEFAULT_MAX_BODY = 8 << 30  # 8 GiB: a [7168, 24576] AdamW golden is ~4 GiB
@@ -79,6 +88,9 @@ def create_app(store: GoldenStore, token: str | None = None,
                               "fetched by every machine.")
     counters = _Counters()
     started = time.time()
+    records = rr.Records(store)
+    from . import registry as op_registry
+    op_registry.load_builtin()  # the ops whose records this registry can check
 
     def bad_key(key: str) -> JSONResponse | None:
         if not valid_key(key):
@@ -113,7 +125,16 @@ def create_app(store: GoldenStore, token: str | None = None,
 
     def headers_for(entry) -> dict:
         return {HASH_HEADER: entry.digest, META_HEADER: json.dumps(entry.meta),
-                "Content-Length": str(entry.size), "Content-Type": "application/octet-stream"}
+                "Content-Length": str(entry.size), "Content-Type": "application/octet-stream",
+                **rr.disputed_header(records.of(entry.key))}
+
+    def admin_error(request: Request) -> JSONResponse | None:
+        given = bearer(request)
+        if given is None:
+            return _error(401, "this needs Authorization: Bearer <admin token>")
+        if not holds(given, tokens.admin):
+            return _error(403, "only the admin token may do this")
+        return None
 
     @app.get("/healthz")
     def healthz():
@@ -131,8 +152,44 @@ def create_app(store: GoldenStore, token: str | None = None,
         if (err := read_error(request)) is not None:
             return err
         total = store.stats()["goldens"]
-        items = [e.as_dict() for e in store.entries(offset=offset, limit=limit)]
+        known = records.all()
+        items = [rr.listing(e.as_dict(), known.get(e.key, {}))
+                 for e in store.entries(offset=offset, limit=limit)]
         return {"total": total, "offset": offset, "limit": limit, "items": items}
+
+    @app.post("/v1/goldens/{key}/dispute")
+    async def dispute(key: str, request: Request):
+        """A client recomputed this golden and got other values: every client treats it
+        as absent from now on, until the admin resolves it."""
+        if (err := bad_key(key) or read_error(request)) is not None:
+            return err
+        if store.entry(key) is None:
+            return _error(404, "no such golden")
+        try:
+            body = json.loads((await request.body())[:8192] or b"{}")
+        except ValueError:
+            body = {}
+        detail = str(body.get("detail", "")) if isinstance(body, dict) else ""
+        records.dispute(key, rr.token_id(bearer(request)), detail or "no detail given")
+        log.warning("golden %s disputed: %s", key[:12], detail[:200])
+        return {"key": key, "disputed": True}
+
+    @app.post("/v1/goldens/{key}/resolve")
+    def resolve(key: str, request: Request, action: str = Query("keep")):
+        """The admin's decision on a disputed key: keep it (the client was wrong), or
+        drop it (its bytes go; an honest writer may put the key again)."""
+        if (err := bad_key(key) or admin_error(request)) is not None:
+            return err
+        if action not in ("keep", "drop"):
+            return _error(400, "action is keep or drop")
+        if store.entry(key) is None:
+            return _error(404, "no such golden")
+        if action == "drop":
+            store.remove(key, drop_blob=True)
+            records.forget(key)
+        else:
+            records.resolve(key)
+        return {"key": key, "action": action}
 
     @app.head("/v1/goldens/{key}")
     def head_golden(key: str, request: Request):
@@ -211,17 +268,20 @@ def create_app(store: GoldenStore, token: str | None = None,
                         except StopAsyncIteration:
                             break
                     await anyio.to_thread.run_sync(w.write, chunk)
-                entry = await anyio.to_thread.run_sync(w.commit, announced)
+                entry = await anyio.to_thread.run_sync(
+                    lambda: w.commit(announced, check=lambda meta: rr.record_problem(key, meta)))
         except TimeoutError:
             counters.add("rejected_writes")
             return _error(408, f"no body bytes for {body_timeout:g} s")
         except OverflowError as exc:
             counters.add("rejected_writes")
             return _error(413, str(exc))
-        except HashMismatch as exc:
+        except (HashMismatch, RecordRejected) as exc:
             counters.add("rejected_writes")
             return _error(400, str(exc))
         counters.add("writes")
+        if existing is None or replace:
+            records.wrote(key, rr.token_id(bearer(request)))
         return JSONResponse({"key": key, "digest": entry.digest, "size": entry.size},
                             status_code=200 if existing is not None else 201)
 

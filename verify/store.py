@@ -392,7 +392,8 @@ class BlobWriter:
         self._hash.update(chunk)
         self._file.write(chunk)
 
-    def commit(self, expected_digest: str, expect: dict | None = None) -> Entry:
+    def commit(self, expected_digest: str, expect: dict | None = None,
+               check=None) -> Entry:
         """Check the bytes against the announced digest and the blob against its key (the
         key it names must be this one; ``expect``: metadata fields it must carry, e.g. a
         client's own golden version and input fingerprint), then put it in place. The
@@ -404,6 +405,9 @@ class BlobWriter:
         if actual != expected_digest:
             raise HashMismatch(f"content hash {actual} != announced {expected_digest}")
         meta = bound_metadata(self.tmp, self.key, expect)
+        problem = check(meta) if check is not None else ""
+        if problem:  # the registry's own record check: refused before it is in place
+            raise RecordRejected(problem)
         return self.store._commit(self.key, self.tmp, actual, meta)
 
     def abort(self) -> None:
@@ -416,6 +420,11 @@ class BlobWriter:
 
     def __exit__(self, *exc) -> None:
         self.abort()
+
+
+class RecordRejected(ValueError):
+    """A blob whose record the registry can see is wrong (another golden version for the
+    op, inputs that are not its case's)."""
 
 
 def blob_metadata(path: Path) -> dict:
