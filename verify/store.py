@@ -258,8 +258,12 @@ class GoldenStore:
             row = db.execute("SELECT * FROM goldens WHERE key=?", (key,)).fetchone()
         return _entry(row) if row else None
 
-    def entries(self, offset: int = 0, limit: int | None = None) -> list[Entry]:
-        sql = "SELECT * FROM goldens ORDER BY created, key"
+    def entries(self, offset: int = 0, limit: int | None = None,
+                derived: bool = False) -> list[Entry]:
+        """The goldens, oldest first; ``derived``: with the entries kept beside them (a
+        case's compute-precision floor), which are no goldens of their own."""
+        sql = "SELECT * FROM goldens" + ("" if derived else f" WHERE {_NOT_DERIVED}") + \
+            " ORDER BY created, key"
         args: tuple = ()
         if limit is not None:
             sql += " LIMIT ? OFFSET ?"
@@ -268,9 +272,11 @@ class GoldenStore:
             return [_entry(r) for r in db.execute(sql, args).fetchall()]
 
     def stats(self) -> dict:
+        """Goldens and bytes (derived entries' bytes included, their count apart)."""
         with self._db() as db:
             n, size = db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM goldens").fetchone()
-        return {"goldens": n, "bytes": size}
+            goldens = db.execute(f"SELECT COUNT(*) FROM goldens WHERE {_NOT_DERIVED}").fetchone()[0]
+        return {"goldens": goldens, "derived": n - goldens, "bytes": size}
 
     def verified_path(self, key: str) -> Path | None:
         """The blob of ``key`` after re-hashing it; None when missing. A corrupt blob is
@@ -343,7 +349,7 @@ class GoldenStore:
     def check(self) -> list[tuple[Entry, str]]:
         """Re-hash every blob; (entry, problem) for each missing or corrupt one."""
         bad = []
-        for e in self.entries():
+        for e in self.entries(derived=True):
             path = self.blob_path(e.digest)
             if not path.exists():
                 bad.append((e, "missing blob"))
@@ -353,7 +359,7 @@ class GoldenStore:
 
     def gc(self, live_keys: set[str], stale_tmp_s: float = 3600) -> dict:
         """Drop entries no case refers to, blobs no entry refers to, old partial writes."""
-        removed = [e for e in self.entries() if e.key not in live_keys]
+        removed = [e for e in self.entries(derived=True) if e.key not in live_keys]
         with self._db() as db:
             for e in removed:
                 db.execute("DELETE FROM goldens WHERE key=?", (e.key,))
@@ -420,6 +426,10 @@ class BlobWriter:
 
     def __exit__(self, *exc) -> None:
         self.abort()
+
+
+# a derived entry's meta (json.dumps with sort_keys) holds '"derived": {...}'
+_NOT_DERIVED = "meta NOT LIKE '%\"derived\": {%'"
 
 
 class RecordRejected(ValueError):
