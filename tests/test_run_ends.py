@@ -137,3 +137,44 @@ def test_a_bad_keyword_is_a_usage_error_without_a_report_folder(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 4 and "INTERNALERROR" not in out + err, out + err
     assert not (tmp_path / "rep2").exists()
+
+
+SPAWNS = '''
+import subprocess, sys, verify
+
+@verify.kernel("lion", backend="spawner")
+def lion(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):
+    """Leaves a grandchild behind: a shell that starts a long sleep and exits."""
+    subprocess.Popen(["sh", "-c", "sleep 600 &"])
+    return weight, exp_avg
+'''
+
+
+def test_processes_a_kernel_starts_do_not_outlive_the_run(tmp_path):
+    token = uuid.uuid4().hex
+    (tmp_path / "k.py").write_text(SPAWNS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VERIFY_TEST_RUN": token}
+    out = subprocess.run([sys.executable, "-m", "verify.cli", "run", "--kernels", "k.py",
+                          "--level", "L0", "--op", "lion", "--dtype", "fp32", "--backend",
+                          "spawner", "--reports", "rep"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout[-1500:] + out.stderr[-1500:]   # FAIL rows
+    assert _gone(token, seconds=5) == [], "a kernel's child process outlived the run"
+
+
+def test_a_case_keeps_the_callers_alarm():
+    """verify.runner.run_case puts an embedding program's own signal.alarm back."""
+    from verify import deadline
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.5)
+        with deadline.time_limit(5):
+            time.sleep(0.2)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0.8 < left < 1.4
+        time.sleep(1.6)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -123,3 +123,34 @@ def test_warnings_reach_the_summary_and_the_report_past_log_capture(tmp_path):
     assert "run-warnings" in html and "corrupt" in html
     meta = json.loads((tmp_path / "w" / "results.json").read_text())["meta"]
     assert any("corrupt" in w for w in meta["warnings"])
+
+
+def test_check_finds_an_index_row_pointing_at_another_keys_blob(tmp_path):
+    import torch
+
+    from verify.store import GoldenStore
+    store = GoldenStore(tmp_path / "s")
+    a, b = "a" * 64, "b" * 64
+    store.put_tensors(a, {"x": torch.zeros(3, dtype=torch.float64)}, {"op": "t"})
+    eb = store.put_tensors(b, {"x": torch.ones(3, dtype=torch.float64)}, {"op": "t"})
+    with store._db() as db:  # a's row now names b's (valid) blob
+        db.execute("UPDATE goldens SET digest=? WHERE key=?", (eb.digest, a))
+    problems = {e.key: why for e, why in store.check()}
+    assert a in problems and "another key" in problems[a] and b not in problems
+
+
+def test_gc_removes_partial_writes_of_killed_writers_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    from verify.store import GoldenStore
+    store = GoldenStore(tmp_path / "s")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    orphan = tmp_path / "s" / "tmp" / f"{'c' * 16}.{dead}.abcd1234.part"
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"x" * 100)
+    alive = tmp_path / "s" / "tmp" / f"{'d' * 16}.{os.getpid()}.abcd1234.part"
+    alive.write_bytes(b"y")
+    store.gc(set())
+    assert not orphan.exists() and alive.exists()

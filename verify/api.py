@@ -102,6 +102,8 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
         kernel_modules=list(kernels)))
     plan.items, selection_id, shard = shards.take(plan.items, shard)
+    selection.check_environment()
+    selection.check_registry_url(registry)
     if verify_fetched is not None and not 0.0 <= float(verify_fetched) <= 1.0:
         raise ConfigError(f"verify_fetched must be a fraction from 0 to 1, not "
                           f"{verify_fetched!r}")

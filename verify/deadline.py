@@ -116,7 +116,10 @@ def time_limit(seconds: float, on_stuck=None):
         def on_alarm(signum, frame):
             raise CaseTimeout(seconds)
         previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        # the caller's own alarm (an embedding program's time limit) is put back after
+        # the case with the time it had left, and fires at once if that ran out meanwhile
+        callers, interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+        started = time.monotonic()
     try:
         yield
     finally:
@@ -125,3 +128,6 @@ def time_limit(seconds: float, on_stuck=None):
         if alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if callers > 0:
+                left = callers - (time.monotonic() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), interval)

@@ -100,6 +100,7 @@ def pytest_configure(config):
             tr.reportchars = "w" if "w" in tr.reportchars else ""
     if hasattr(config, "workerinput"):  # before any kernel touches a device
         isolation.die_with_parent()  # a killed controller leaves no worker running
+        isolation.adopt_orphans()    # what its kernels start is ended with it
         devices.pin_worker(config.workerinput.get("workerid"))
         devices.share_cpu(int(config.workerinput.get("workercount") or 1))
     try:
@@ -127,6 +128,8 @@ def pytest_configure(config):
         _take_shard(config)
         runner.BENCHMARK["backend"] = selection.check_benchmark_backend(
             config.getoption("--benchmark-backend"))
+        selection.check_environment()
+        selection.check_registry_url(config.getoption("--registry"))
         fetched = config.getoption("--verify-fetched")
         if fetched is not None and not 0.0 <= fetched <= 1.0:
             raise ConfigError(f"--verify-fetched must be a fraction from 0 to 1, not {fetched}")
@@ -480,6 +483,9 @@ def pytest_unconfigure(config):
     from exiting: in a run that ran kernels in its own process (-n 0), say so and end
     the process with the run's status once pytest is done."""
     before = getattr(config, "_verify_threads", None)
+    if before is not None and (hasattr(config, "workerinput")
+                               or not getattr(config.option, "numprocesses", 0)):
+        isolation.end_children()  # processes the kernels started do not outlive the run
     if before is not None and hasattr(config, "workerinput"):
         # a worker whose results the controller has (workerfinished is sent before this):
         # skip the interpreter's teardown of torch, numba and kernel threads (~0.4 s each)

@@ -207,3 +207,41 @@ def check_keyword(expr: str | None) -> None:
         return
     except SyntaxError as exc:
         raise ConfigError(f"-k {expr!r}: wrong expression passed to '-k': {exc}") from None
+
+
+def check_environment() -> None:
+    """Settings from the environment that would otherwise fail every case, checked once
+    as a usage error (exit 2): VERIFY_TORCH_DEVICE must be a device torch knows and this
+    machine has; VERIFY_REGISTRY must be a URL."""
+    import torch
+    wanted = os.environ.get("VERIFY_TORCH_DEVICE")
+    if wanted:
+        try:
+            dev = torch.device(wanted)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(f"VERIFY_TORCH_DEVICE={wanted!r} is not a torch device: "
+                              f"{exc}") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"VERIFY_TORCH_DEVICE={wanted!r}: this machine has no CUDA "
+                              f"device (torch {torch.__version__}); unset it to run on the CPU")
+        if dev.type == "cuda" and dev.index is not None \
+                and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"VERIFY_TORCH_DEVICE={wanted!r}: only "
+                              f"{torch.cuda.device_count()} CUDA device(s) here")
+        if dev.type not in ("cpu", "cuda", "meta") and not hasattr(torch, dev.type):
+            raise ConfigError(f"VERIFY_TORCH_DEVICE={wanted!r}: torch has no {dev.type} "
+                              f"backend here (torch_npu for npu)")
+    check_registry_url(os.environ.get("VERIFY_REGISTRY"), "VERIFY_REGISTRY")
+
+
+def check_registry_url(url: str | None, where: str = "--registry") -> None:
+    if not url:
+        return
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as exc:
+        raise ConfigError(f"{where}={url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}={url!r} is not an http(s) URL with a host")

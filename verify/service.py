@@ -54,6 +54,8 @@ log = logging.getLogger("verify.service")
 DEFAULT_MAX_BODY = 8 << 30  # 8 GiB: a [7168, 24576] AdamW golden is ~4 GiB
 HEADER_TIMEOUT_S = 10.0     # to send a request's headers
 BODY_TIMEOUT_S = 30.0       # between two chunks of an upload
+UPLOAD_MIN_RATE = 1 << 20   # bytes/s an upload must average (after a minute's allowance):
+UPLOAD_GRACE_S = 60.0       # a client at 1 byte/s is cut off, not served for ever
 
 
 class _Counters:
@@ -258,11 +260,15 @@ def create_app(store: GoldenStore, token: str | None = None,
             return _error(409, f"golden {key[:16]} exists with other content (digest "
                                f"{existing.digest[:16]}); goldens are write-once (the admin "
                                f"token may replace one with ?replace=true)")
+        total_deadline = time.monotonic() + UPLOAD_GRACE_S + int(length or 0) / UPLOAD_MIN_RATE
         try:
             with store.writer(key, max_bytes=max_body) as w:
                 stream = request.stream().__aiter__()
                 while True:
-                    with anyio.fail_after(body_timeout):
+                    left = total_deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("upload too slow")
+                    with anyio.fail_after(min(body_timeout, left)):
                         try:
                             chunk = await stream.__anext__()
                         except StopAsyncIteration:
@@ -272,7 +278,9 @@ def create_app(store: GoldenStore, token: str | None = None,
                     lambda: w.commit(announced, check=lambda meta: rr.record_problem(key, meta)))
         except TimeoutError:
             counters.add("rejected_writes")
-            return _error(408, f"no body bytes for {body_timeout:g} s")
+            return _error(408, f"no body bytes for {body_timeout:g} s, or the upload averaged "
+                               f"under {UPLOAD_MIN_RATE} bytes/s past a {UPLOAD_GRACE_S:g} s "
+                               f"allowance")
         except OverflowError as exc:
             counters.add("rejected_writes")
             return _error(413, str(exc))

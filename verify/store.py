@@ -347,7 +347,8 @@ class GoldenStore:
                               (digest,)).fetchone() is not None
 
     def check(self) -> list[tuple[Entry, str]]:
-        """Re-hash every blob; (entry, problem) for each missing or corrupt one."""
+        """Re-hash every blob; (entry, problem) for each missing or corrupt one, and for an
+        index row that points at a valid blob computed for another key."""
         bad = []
         for e in self.entries(derived=True):
             path = self.blob_path(e.digest)
@@ -355,6 +356,15 @@ class GoldenStore:
                 bad.append((e, "missing blob"))
             elif hash_file(path) != e.digest:
                 bad.append((e, "content hash mismatch"))
+            else:
+                try:
+                    bound = blob_metadata(path).get("key")
+                except Exception as exc:  # not safetensors at all
+                    bad.append((e, f"unreadable blob: {exc}"))
+                    continue
+                if bound != e.key:
+                    bad.append((e, f"the index row points at the blob of another key "
+                                   f"({str(bound)[:16]})"))
         return bad
 
     def gc(self, live_keys: set[str], stale_tmp_s: float = 3600) -> dict:
@@ -371,12 +381,30 @@ class GoldenStore:
                 blob.unlink(missing_ok=True)
         now = time.time()
         for part in (self.root / "tmp").glob("*.part"):
-            if now - part.stat().st_mtime > stale_tmp_s:
+            # a partial write whose writer is gone (killed with -9, say) at once; any
+            # other once it is old
+            if not _writer_alive(part) or now - part.stat().st_mtime > stale_tmp_s:
+                freed += part.stat().st_size
                 part.unlink(missing_ok=True)
         for lock in (self.root / "locks").glob("*.lock"):
             if lock.stem not in live_keys:
                 lock.unlink(missing_ok=True)
         return {"entries_removed": len(removed), "bytes_freed": freed}
+
+
+def _writer_alive(part: Path) -> bool:
+    """Whether the process that writes ``part`` (its pid is in the name) still runs here."""
+    try:
+        pid = int(part.name.split(".")[1])
+    except (IndexError, ValueError):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class BlobWriter:
