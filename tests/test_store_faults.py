@@ -46,7 +46,7 @@ def test_a_full_disk_degrades_the_store_not_the_run(tmp_path):
 
 def test_a_corrupt_index_is_rebuilt_from_the_blobs(tmp_path):
     first = _lion(tmp_path / "s")
-    n = len(GoldenStore(tmp_path / "s").entries())
+    n = len(GoldenStore(tmp_path / "s").entries(derived=True))  # every blob, floors too
     (tmp_path / "s" / "index.sqlite").write_bytes(b"garbage, not SQLite" * 100)
     for suffix in ("-wal", "-shm"):
         (tmp_path / "s" / f"index.sqlite{suffix}").unlink(missing_ok=True)
@@ -154,3 +154,23 @@ def test_gc_removes_partial_writes_of_killed_writers_at_once(tmp_path):
     alive.write_bytes(b"y")
     store.gc(set())
     assert not orphan.exists() and alive.exists()
+
+
+def test_a_read_only_intact_store_is_read(tmp_path, monkeypatch):
+    """A shared store this user may not write (a cache mounted read-only): its goldens are
+    read, not recomputed, and nothing is written to it. (Root writes through permission
+    bits, so the store's unwritability is what os.access reports here.)"""
+    import verify
+    store = tmp_path / "shared"
+    verify.run(level="L0", ops=["lion"], backends=["torch"], dtypes=["fp32"],
+               store=str(store), reports=False)
+    before = {p: p.stat().st_mtime_ns for p in store.rglob("*")}
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if (
+        mode == os.W_OK and os.path.abspath(path) == str(store)) else real(path, mode, *a, **k))
+    res = verify.run(level="L0", ops=["lion"], backends=["torch"], dtypes=["fp32"],
+                     store=str(store), reports=False)
+    sources = {r["golden_source"] for r in res.rows if r.get("golden_source")}
+    assert sources == {"local"}, sources
+    assert {p: p.stat().st_mtime_ns for p in store.rglob("*")} == before
+    assert not res.warnings

@@ -75,8 +75,10 @@ def audit_entry(store: GoldenStore, key: str) -> Finding:
                        f"op '{e.op}' is not declared here (--kernels MODULE declares it)")
     try:
         case = case_from_meta(e.meta)
-    except (KeyError, TypeError, ValueError) as exc:
-        return Finding(key, e.op, e.case_id, SKIPPED, f"no usable record of its case: {exc}")
+    except (KeyError, TypeError, ValueError) as exc:  # nothing to recompute it from: a
+        # golden nobody can check is not a golden to trust (exit 1, not "skipped")
+        return Finding(key, e.op, e.case_id, DIFFERS, f"no usable record of its case, so it "
+                                                      f"cannot be recomputed: {exc}")
     derived = (e.meta.get("derived") or {}).get("kind")
     base = case.golden_key(spec.golden_version)
     if derived == "compute_floor":  # recomputed the way a run computes it

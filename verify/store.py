@@ -148,10 +148,17 @@ class GoldenStore:
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root or default_store_dir())
+        self.db_path = self.root / "index.sqlite"
+        # a read-only store (a shared cache mounted read-only, say) is read, never written
+        self.readonly = (self.root.is_dir() and self.db_path.is_file()
+                         and not os.access(self.root, os.W_OK))
+        self.rebuilt = None  # (blobs indexed, where the corrupt index was kept) if rebuilt
+        if self.readonly:
+            with self._db() as db:
+                db.execute("SELECT COUNT(*) FROM goldens").fetchone()
+            return
         for sub in ("blobs", "tmp", "locks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self.db_path = self.root / "index.sqlite"
-        self.rebuilt = None  # (blobs indexed, where the corrupt index was kept) if rebuilt
         try:
             self._create_index()
         except sqlite3.DatabaseError as exc:
@@ -195,7 +202,11 @@ class GoldenStore:
     # -- plumbing -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        if getattr(self, "readonly", False):  # no journal, no locks: nothing is written
+            db = sqlite3.connect(f"file:{self.db_path}?mode=ro&immutable=1", uri=True,
+                                 timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        else:
+            db = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
             db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             yield db
