@@ -191,3 +191,23 @@ def test_reserving_one_id_from_many_threads_gives_it_to_one(tmp_path):
     empty = tmp_path / "made-by-ci"
     empty.mkdir()
     assert results.reserve_run_dir(tmp_path, "made-by-ci") == empty  # an empty folder: free
+
+
+@pytest.mark.parametrize("entry, words", [
+    ({"params": {"lr": "x"}}, "param 'lr' of op 'lion' must be a number"),
+    ({"inputs": {"labels": {"dist": "randint", "low": 5, "high": 5}}},
+     "randint needs low < high"),
+    ({"inputs": {"labels": {"dist": "randint", "low": 0, "high": "nope.1"}}},
+     "'nope.1' names no input"),
+])
+def test_values_the_schema_cannot_check_are_usage_errors(tmp_path, entry, words):
+    """Before: run-time ERROR rows; now exit 2 naming the file, the case and the field."""
+    from verify.cases import load_file
+    from helpers import write_cases
+    op = "fused_cross_entropy" if "labels" in str(entry) else "lion"
+    path = write_cases(tmp_path / "cases", {"op": op, "levels": {"L0": [
+        {"id": "bad", "shape": [4, 16], "dtype": "fp32", **entry}]}})
+    with pytest.raises(ConfigError) as err:
+        load_file(path)
+    text = str(err.value)
+    assert words in text and str(path) in text and "bad" in text, text

@@ -320,6 +320,11 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
             in_dtypes[n] = dt.to_torch(dname)
         case_params = {**fixed_params, **dict(zip(sweep_names, pvals))}
         params = {**spec.params, **case_params}
+        if not expect_error:  # what the schema cannot know: the op's own param types
+            for k, v in case_params.items():
+                problem = _param_type_problem(spec.params.get(k), v)
+                if problem:
+                    fail(f"param '{k}' of op '{spec.name}' {problem}", f".params.{k}")
         dists = {n: raw.get("inputs", {}).get(n, spec.input(n).dist) for n in spec.input_names}
         dists.update({n: d for n, d in raw.get("inputs", {}).items() if n in upstream_names})
         for n in spec.input_names:  # explicit values and left-out inputs fix the shape
@@ -327,6 +332,9 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
                 in_shapes[n] = _given_shape(dists[n], fail, f".inputs.{n}")
             elif dists[n]["dist"] == "none":
                 in_shapes[n] = ()
+        if not expect_error:
+            for n in spec.input_names:
+                _check_bounds(dists[n], in_shapes, fail, f".inputs.{n}")
         suffix = [canon, shape_str(main)]
         in_main = {d for d in shape_t if isinstance(d, str)}
         suffix += [f"{k}={v}" for k, v in dim_map.items()  # dims of other inputs' shapes
@@ -340,6 +348,53 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
             file=fname, json_path=where, description=raw.get("description", ""),
             case_params=case_params, mode=mode, views=tuple(raw.get("views", ())),
         )
+
+
+def _param_type_problem(default, value) -> str:
+    """'' when ``value`` is of the kind the op's default is (a number for a number, a
+    bool for a bool, a string for a string); else what is wrong. A default of None takes
+    anything."""
+    if default is None or value is None:
+        return ""
+    number = (int, float)
+    if isinstance(default, bool):
+        return "" if isinstance(value, bool) else f"must be true or false, not {value!r}"
+    if isinstance(default, number):
+        if isinstance(value, bool) or not isinstance(value, number):
+            return f"must be a number (default {default!r}), not {value!r}"
+        return ""
+    if isinstance(default, str) and not isinstance(value, str):
+        return f"must be a string (default {default!r}), not {value!r}"
+    return ""
+
+
+def _check_bounds(dist, shapes, fail, where) -> None:
+    """A bound naming another input's axis ('logits.1') must name one, and a randint's
+    low must stay below its high (checked here, not as an ERROR row at run time)."""
+    if not isinstance(dist, dict):
+        return
+    resolved = {}
+    for key in ("low", "high", "total", "chunk"):
+        v = dist.get(key)
+        if isinstance(v, str) and "." in v:
+            other, axis = v.rsplit(".", 1)
+            if other not in shapes:
+                fail(f"'{v}' names no input ('{other}' is not one of "
+                     f"{', '.join(sorted(shapes))})", f"{where}.{key}")
+            if not axis.lstrip("-").isdigit() or not -len(shapes[other]) <= int(axis) \
+                    < len(shapes[other]):
+                fail(f"'{v}': input '{other}' has {len(shapes[other])} axes", f"{where}.{key}")
+            resolved[key] = shapes[other][int(axis)]
+        elif isinstance(v, str):
+            fail(f"'{v}' is neither a number nor '<input>.<axis>'", f"{where}.{key}")
+        else:
+            resolved[key] = v
+    if dist.get("dist") == "randint":
+        low, high = resolved.get("low", 0), resolved.get("high")
+        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low >= high:
+            fail(f"randint needs low < high, got low {low} and high {high}", f"{where}.high")
+    if isinstance(dist.get("base"), dict):
+        _check_bounds(dist["base"], shapes, fail, f"{where}.base")
 
 
 def _given_shape(dist, fail, where) -> tuple[int, ...]:
