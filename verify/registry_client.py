@@ -78,17 +78,7 @@ class RegistryClient:
 
     def keys(self, page: int = 1000) -> list[str]:
         """Every key the service holds (paged through /v1/goldens)."""
-        out, offset = [], 0
-        while True:
-            resp = self._call("GET", "/v1/goldens", params={"offset": offset, "limit": page},
-                              headers=self._auth(self.read_token))
-            if resp.status_code != 200:
-                raise RegistryUnavailable(f"{self.url}/v1/goldens: HTTP {resp.status_code}")
-            items = resp.json()["items"]
-            out += [item["key"] for item in items]
-            if len(items) < page:
-                return out
-            offset += page
+        return [item["key"] for item in self.items(page)]
 
     def fetch(self, key: str, store: GoldenStore, expect: dict | None = None) -> bool:
         """Stream ``key`` into the local store; False when the service does not have it.
