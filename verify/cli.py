@@ -30,7 +30,7 @@ def _add_store(p, registry_too=False):
                             "from it and pushed to it when VERIFY_REGISTRY_TOKEN is set")
         p.add_argument("--registry-required", action="store_true",
                        help="fail (exit 2) instead of computing when the registry is away")
-        p.add_argument("--verify-fetched", type=_fraction, default=None, metavar="F",
+        p.add_argument("--verify-fetched", type=_share, default=None, metavar="F",
                        help="recompute the first golden fetched for each op and dtype and a "
                             "share F of the rest, bit for bit (default 0.1; 0: off, 1: all): "
                             "a mismatch is an ERROR row and is disputed at the registry")
@@ -89,6 +89,17 @@ def _fraction(text: str) -> float:
         value = -1.0
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"a fraction 0 < F <= 1, not {text!r}")
+    return value
+
+
+def _share(text: str) -> float:
+    """A share 0 <= F <= 1 (0: off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"a share 0 <= F <= 1 (0: off), not {text!r}")
     return value
 
 
