@@ -142,3 +142,15 @@ def test_the_report_opens_with_a_verdict_per_kernel(newcomer, tmp_path):
     body = html[html.index('id="results"'):]
     first = body[body.index('<tr data-verdict='):][:40]
     assert 'data-verdict="ERROR"' in first or 'data-verdict="FAIL"' in first
+
+
+def test_rows_that_did_not_pass_are_one_line_each_at_the_terminals_width(newcomer):
+    from verify import results
+    rows = [r for r in newcomer[0].rows if r["verdict"] in ("FAIL", "ERROR")]
+    assert rows
+    for width in (80, 120, 200):
+        lines = results.one_line_rows(rows, width)
+        assert len(lines) == len(rows) + 1          # a header, then one line per row
+        assert all(len(line) <= width for line in lines), width
+    text = results.summary_text(newcomer[0].rows, width=100)
+    assert "why, in full:" in text and rows[0]["reason"][:60] in text

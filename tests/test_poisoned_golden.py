@@ -138,3 +138,19 @@ def test_records_the_registry_can_see_are_wrong_are_refused_at_put(tmp_path):
         assert client.push(entry2.key, honest) == 201
     finally:
         svc.stop()
+
+
+def test_the_cheapest_case_of_each_op_and_dtype_is_the_one_always_checked(tmp_path):
+    from verify import golden_source, selection
+    plan = selection.build(selection.Selection(level="L0", ops=["lion"], backends=["torch"]))
+    resolver = golden_source.GoldenResolver(None, verify_fetched=0.01)
+    resolver.designate(c for c, _ in plan.items)
+    spec = verify.op("lion")
+    for (op, dtype), key in resolver._cheapest.items():
+        group = [c for c, _ in plan.items if c.dtype == dtype and not c.expect_error]
+        smallest = min(group, key=lambda c: sum(
+            int(torch.tensor(s).prod()) for s in c.input_shapes.values()))
+        chosen = next(c for c in group if c.golden_key(spec.golden_version) == key)
+        assert sum(int(torch.tensor(s).prod()) for s in chosen.input_shapes.values()) == \
+            sum(int(torch.tensor(s).prod()) for s in smallest.input_shapes.values())
+        assert resolver._should_verify(spec, chosen, key)

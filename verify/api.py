@@ -108,6 +108,7 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         raise ConfigError(f"verify_fetched must be a fraction from 0 to 1, not "
                           f"{verify_fetched!r}")
     golden_source.configure(store, registry, registry_required, verify_fetched)
+    golden_source.resolver().designate(c for c, _ in plan.items)
     runner.TIMING["repeats"] = repeats
     runner.CASE_LIMIT["seconds"] = seconds
     runner.BENCHMARK["backend"] = selection.check_benchmark_backend(benchmark_backend)

@@ -329,7 +329,16 @@ def _expand(spec: registry.OpSpec, raw: dict, level: str, fname: str, where: str
         dists.update({n: d for n, d in raw.get("inputs", {}).items() if n in upstream_names})
         for n in spec.input_names:  # explicit values and left-out inputs fix the shape
             if dists[n]["dist"] == "given":
+                declared = in_shapes[n]
                 in_shapes[n] = _given_shape(dists[n], fail, f".inputs.{n}")
+                # a required input's values must fill the shape the op gives it (optional
+                # ones such as cu_seqlens are as long as their values)
+                if not expect_error and not spec.input(n).optional \
+                        and n not in raw.get("shapes", {}) \
+                        and math.prod(in_shapes[n]) != math.prod(declared):
+                    fail(f"input '{n}' of op '{spec.name}' takes {math.prod(declared)} "
+                         f"values (shape {list(declared)} for this case), the case gives "
+                         f"{math.prod(in_shapes[n])}", f".inputs.{n}.values")
             elif dists[n]["dist"] == "none":
                 in_shapes[n] = ()
         if not expect_error:

@@ -7,6 +7,7 @@ lock; another process that wants the same key waits, then reads it from the stor
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import time
@@ -155,15 +156,35 @@ class GoldenResolver:
         self._disputed: dict[str, str] = {}
         self.fetched_checks = {"verified": 0, "seconds": 0.0, "disputed": 0}
 
+    def designate(self, cases) -> None:
+        """From the run's plan: for each op and dtype, the key of its cheapest case
+        (fewest input elements, then steps), the golden every process recomputes when it
+        fetches it, so that each op and dtype is checked at least once per run."""
+        best: dict[tuple[str, str], tuple] = {}
+        from .registry import op as op_spec
+        for case in cases:
+            if case.expect_error:
+                continue
+            cost = (sum(math.prod(s) for s in case.input_shapes.values()), case.steps,
+                    case.id)
+            group = (case.op, case.dtype)
+            if group not in best or cost < best[group][0]:
+                best[group] = (cost, case)
+        self._cheapest = {g: c.golden_key(op_spec(c.op).golden_version)
+                          for g, (_, c) in best.items()}
+
     def _should_verify(self, spec: OpSpec, case: Case, key: str) -> bool:
-        """The first fetched golden of each op and dtype (in this process), then a share
+        """The cheapest case's golden of each op and dtype in the plan (``designate``; the
+        first one fetched in this process when there is no plan), then a share
         ``verify_fetched`` of the rest, chosen by key (the same choice on every machine);
         0 switches it off, 1 recomputes every fetched golden."""
         f = self.verify_fetched
         if f <= 0:
             return False
         group = (spec.name, case.dtype)
-        if group not in self._checked_groups or f >= 1:
+        cheapest = getattr(self, "_cheapest", None)
+        if f >= 1 or (cheapest.get(group) == key if cheapest is not None and group in cheapest
+                      else group not in self._checked_groups):
             self._checked_groups.add(group)
             return True
         return int(key[:8], 16) / 16 ** 8 < f

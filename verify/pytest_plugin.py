@@ -139,6 +139,7 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     config._verify_rows = []
     config._verify_by_name = {item_name(c, k): (c, k) for c, k in config._verify_plan.items}
+    golden_source.resolver().designate(c for c, _ in config._verify_plan.items)
     if not hasattr(config, "workerinput"):
         try:
             selection.check_keyword(config.getoption("keyword"))

@@ -364,9 +364,9 @@ def _aligned(head: list[str], cells: list[list[str]], reasons: list[str], caps: 
         used -= 1
     rest = max(10, width - used)
 
-    def line(values, reason):
-        return ("  ".join(_cut(x, w).ljust(w) for x, w in zip(values, widths)) + "  "
-                + _cut(reason, rest)).rstrip()
+    def line(values, reason):  # never wider than the terminal, however narrow
+        return _cut(("  ".join(_cut(x, w).ljust(w) for x, w in zip(values, widths)) + "  "
+                     + _cut(reason, rest)).rstrip(), width)
 
     return [line(head[:len(widths)], head[-1])] + [line(c, r) for c, r in zip(cells, reasons)]
 
