@@ -68,7 +68,7 @@ CASES = {"op": "kinds_argmax", "levels": {"L0": [
 
 
 @pytest.fixture(scope="module")
-def every_kind(tmp_path_factory):
+def every_kind(tmp_path_factory, module_registrations):
     tmp = tmp_path_factory.mktemp("kinds")
     (tmp / "kinds.py").write_text(textwrap.dedent(USER_OP))
     registry.load_user_module(str(tmp / "kinds.py"))
