@@ -82,25 +82,22 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _fraction(text: str) -> float:
+def _fraction(text: str, allow_zero: bool = False) -> float:
     try:
         value = float(text)
     except ValueError:
         value = -1.0
+    if allow_zero and value == 0:
+        return 0.0
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"a fraction 0 < F <= 1, not {text!r}")
+        kind = "a share 0 <= F <= 1 (0: off)" if allow_zero else "a fraction 0 < F <= 1"
+        raise argparse.ArgumentTypeError(f"{kind}, not {text!r}")
     return value
 
 
 def _share(text: str) -> float:
     """A share 0 <= F <= 1 (0: off)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"a share 0 <= F <= 1 (0: off), not {text!r}")
-    return value
+    return _fraction(text, allow_zero=True)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ rounded to the case's dtype in the compute-precision evaluation.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from contextlib import contextmanager
@@ -94,7 +95,8 @@ def trajectory(spec: OpSpec, case: Case, first_inputs: dict) -> list[dict]:
             return value
         return value.detach().to(out_dtype(name)).to(compute)
 
-    with _working_dtype(working_dtype), torch.no_grad() if not case.backward else _noop():
+    with _working_dtype(working_dtype), \
+            contextlib.nullcontext() if case.backward else torch.no_grad():
         steps = golden_source.golden_trajectory(spec, case, first_inputs, cast=cast, fn=fn,
                                                 feed=feed)
     out = []
@@ -106,11 +108,6 @@ def trajectory(spec: OpSpec, case: Case, first_inputs: dict) -> list[dict]:
             step[name] = value.to(want) if value.dtype.is_floating_point else value
         out.append(step)
     return out
-
-
-@contextmanager
-def _noop():
-    yield
 
 
 # bump when the evaluation itself changes (what is cast, rounded or fed back)

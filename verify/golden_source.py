@@ -308,10 +308,8 @@ class GoldenResolver:
                     if traj is not None:
                         return traj
                     traj = compute()
-                    meta = {"op": spec.name, "case_id": case.id, "dtype": case.dtype,
-                            "outputs": names, "steps": case.steps, "case": case.canonical(),
-                            "derived": {"kind": kind, "of": base_key},
-                            **_provenance(spec, first_inputs)}
+                    meta = _record(spec, case, names, _provenance(spec, first_inputs),
+                                   derived={"kind": kind, "of": base_key})
                     self.store.put_tensors(key, trajectory_to_tensors(traj, names), meta)
                     return traj
             except STORE_FAULTS as exc:
@@ -327,8 +325,7 @@ class GoldenResolver:
         return traj, time.perf_counter() - t1
 
     def _store(self, key, spec, case, names, traj, provenance: dict) -> None:
-        meta = {"op": spec.name, "case_id": case.id, "dtype": case.dtype, "outputs": names,
-                "steps": case.steps, "case": case.canonical(), **provenance}
+        meta = _record(spec, case, names, provenance)
         try:
             self.store.put_tensors(key, trajectory_to_tensors(traj, names), meta)
         except STORE_FAULTS as exc:
@@ -375,6 +372,12 @@ class GoldenResolver:
             self._registry_down(exc)
             return False
         return self._push(key)
+
+
+def _record(spec: OpSpec, case: Case, names: list[str], provenance: dict, **extra) -> dict:
+    """What a stored golden (or an entry derived from it) says it was computed from."""
+    return {"op": spec.name, "case_id": case.id, "dtype": case.dtype, "outputs": names,
+            "steps": case.steps, "case": case.canonical(), **provenance, **extra}
 
 
 def _difference(names, fresh, kept) -> str:

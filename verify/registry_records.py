@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 
 from .store import GoldenStore
@@ -98,19 +99,12 @@ def record_problem(key: str, meta: dict) -> str:
         return (f"the record does not give this key under op '{spec.name}''s current golden "
                 f"version {spec.golden_version} (another version, or another case)")
     sha = meta.get("inputs_sha")
-    size = sum(max(1, _prod(s)) for s in case.input_shapes.values())
+    size = sum(max(1, math.prod(s)) for s in case.input_shapes.values())
     if sha and size <= MAX_CHECKED_ELEMENTS:
         got = inp.fingerprint(inp.make_inputs(case))
         if got != sha:
             return f"its inputs fingerprint {sha} is not its case's ({got})"
     return ""
-
-
-def _prod(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def listing(entry_dict: dict, record: dict) -> dict:

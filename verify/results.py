@@ -424,10 +424,10 @@ def _details(rows: list[dict]) -> list[str]:
             for i, r in enumerate(rows, 1)]
 
 
-def passed_by_other_golden(rows: list[dict]) -> list[dict]:
-    """Rows that FAILed against the exact golden and PASSed only by a declared variant or
-    the compute-precision floor: a group of their own, never mixed with clean passes."""
-    return [r for r in rows if r.get("verdict") == "PASS" and r.get("passed_by")]
+def passed_by_other(row: dict) -> bool:
+    """A row that FAILed against the exact golden and PASSed only by a declared variant or
+    the compute-precision floor: a group of its own, never mixed with clean passes."""
+    return row.get("verdict") == "PASS" and bool(row.get("passed_by"))
 
 
 def passed_by_lines(rows: list[dict], width: int) -> list[str]:
@@ -509,7 +509,7 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
             console.print("why, in full:", soft_wrap=True)
             for line in _details(shown):
                 console.print(line, soft_wrap=True, markup=False)
-    other = passed_by_other_golden(rows)
+    other = [r for r in rows if passed_by_other(r)]
     if other:
         console.print(f"passed only by a variant or the compute-precision floor "
                       f"({len(other)} rows; the metric columns are the exact golden's):",

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..results import (VERDICTS, complete_rows, counts, mutant_summary,
-                       passed_by_other_golden)
+from ..results import VERDICTS, complete_rows, counts, mutant_summary, passed_by_other
 from . import plots
 
 MAX_FAILING_DETAILS = 24
@@ -189,7 +188,7 @@ def render(rows: list[dict], meta: dict, cache: Path | None = None) -> str:
         n_failing=sum(1 for r in rows if r["verdict"] == "FAIL"),
         kernels=per_kernel(rows),
         passed_by=[{"i": i, "r": r, "kernel": kernel_label(r)} for i, r in enumerate(rows)
-                   if r in passed_by_other_golden([r])],
+                   if passed_by_other(r)],
         caps=(MAX_FAILING_DETAILS, MAX_WORST_PASSING),
         environment=meta.get("environment", {}))
 
