@@ -43,6 +43,8 @@ _EXPORTS = {
     "Gradients": "registry", "broadcast_length": "registry", "WORKING": "registry",
     "Backend": "registry", "register_backend": "registry", "backend": "registry",
     "working": "compute_floor",
+    "Call": "bindings", "NotCovered": "bindings", "bind": "bindings",
+    "judge": "judge", "capture": "capture",
 }
 
 __all__ = sorted(_EXPORTS)

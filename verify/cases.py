@@ -45,6 +45,7 @@ class Case:
     case_params: dict = field(default_factory=dict)  # only those the file set
     mode: str = "forward"  # forward | backward | both
     views: tuple = ()  # slices of an output judged by a standard of their own
+    source: Any = None  # a recorded call (verify/recorded.py): inputs come from its tensors
 
     @property
     def forward(self) -> bool:

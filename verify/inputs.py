@@ -234,7 +234,12 @@ def make_input(name: str, dist: Mapping, shape: tuple[int, ...], dtype: torch.dt
 
 def make_inputs(case, step: int = 0, names=None) -> dict[str, torch.Tensor | None]:
     """All inputs of a case (or only ``names``) at a given step, on the CPU; an optional
-    input the case leaves out ({"dist": "none"}) is None."""
+    input the case leaves out ({"dist": "none"}) is None. A recorded call's inputs are
+    its tensors (verify/recorded.py)."""
+    if getattr(case, "source", None) is not None:
+        from . import recorded
+        values = recorded.inputs(case)
+        return {n: values[n] for n in (names if names is not None else case.input_shapes)}
     out = {}
     wanted = list(names if names is not None else case.input_shapes)
     # inputs derived from another input's values ({"dist": "argmax", "of": ...}) come last
@@ -266,7 +271,13 @@ def make_upstream(case, outputs: Mapping[str, tuple[tuple[int, ...], torch.dtype
                   ) -> dict[str, torch.Tensor]:
     """The upstream gradient of each output of a backward case, ``grad_<output>``: seeded
     like the inputs (by the case seed and the name), standard normal unless the case
-    gives a distribution under that name, in the output's dtype."""
+    gives a distribution under that name, in the output's dtype. A recorded backward
+    call's upstream is the one it got (verify/recorded.py)."""
+    if getattr(case, "source", None) is not None and case.source.upstream is not None:
+        from . import recorded
+        given = recorded.upstream(case)
+        return {f"grad_{n}": given[f"grad_{n}"].to(dtype) for n, (_, dtype) in outputs.items()
+                if f"grad_{n}" in given}
     out = {}
     for name, (shape, dtype) in outputs.items():
         key = f"grad_{name}"

@@ -294,7 +294,8 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
                grads: Gradients | None = None, cases: str | os.PathLike | None = None,
                reuse: dict[str, Callable[[dict, torch.Tensor], dict]] | None = None,
                compute_dtype: str = "fp32",
-               compute_floor: Callable[..., Any] | bool | None = None):
+               compute_floor: Callable[..., Any] | bool | None = None,
+               calls: dict | None = None):
     """Decorator for a float64 golden function: declares the op it is the golden of.
 
     inputs / outputs: ``InputSpec`` / ``OutputSpec`` in call order; params: name ->
@@ -311,6 +312,9 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
     "Two floors"); compute_floor: False for none, or a function with the golden's
     signature evaluated instead (a real kernel's algorithm); inside either,
     ``verify.working(t)`` rounds an intermediate a real kernel stores in the working dtype.
+    calls: the framework calls this op is the math of (verify/bindings.py): record name
+    (``"Functional.softmax"``, ``"NPU.npu_rms_norm"``) or callable -> ``verify.Call`` (or
+    its inputs adapter alone); ``verify judge`` judges their recorded calls.
     """
 
     def wrap(golden_fn):
@@ -346,6 +350,13 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
             reuse=dict(reuse or {}), compute_dtype=dt.canonical_name(compute_dtype),
             compute_floor=compute_floor,
         )
+        if calls:
+            from . import bindings
+            try:
+                bindings.bind(name, calls, where)
+            except ConfigError:
+                del _OPS[name]
+                raise
         return golden_fn
 
     return wrap

@@ -24,7 +24,7 @@ from .comparison import compare, compare_topk, resolve_standard
 from .difftable import worst_elements
 from .errors import Unsupported
 from . import compute_floor as cfl
-from . import deadline, golden_source, plotdata, triton_probe
+from . import deadline, golden_source, plotdata, recorded, triton_probe
 
 FLOOR_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "eb", "ulp_max", "ulp_mean")
 VARIANT_FIELDS = ("mere", "mare", "max_abs", "max_rel", "rmse", "v2_match_ratio")
@@ -40,6 +40,9 @@ def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> d
         "params": json.dumps(case.case_params, sort_keys=True),
         "tags": ",".join(case.tags), "file": case.file, "mode": case.mode,
         "expected": "FAIL" if backend.expect_fail else "PASS",
+        **(recorded.row_columns(case) if case.source is not None else {}),
+        **({"kernel": recorded.kernel_label(case), "device": case.source.device or "unknown"}
+           if kern.backend == recorded.BACKEND and case.source is not None else {}),
     }
 
 
@@ -117,7 +120,11 @@ def _kernel_trajectory(spec, case, kern, device, first_inputs):
 
 def _run_forward(spec, case, kern, device, first_inputs):
     """(outputs per step, the last step's inputs, seconds, autograd graph or None): a
-    backward case differentiated by autograd runs its one forward with a graph."""
+    backward case differentiated by autograd runs its one forward with a graph. The
+    recorded backend's outputs are what the recorded call returned."""
+    if kern.backend == recorded.BACKEND:
+        outs, _ = recorded.kernel_outputs(case)
+        return [outs], first_inputs, 0.0, None
     if case.backward and kern.backward is None:
         try:
             outs, leaves, seconds = _forward_with_graph(spec, case, kern, device, first_inputs)
@@ -306,8 +313,12 @@ def _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps, gold
     names = spec.active_outputs(case.params) if case.forward else []
     if case.backward:  # gradients are judged against the benchmark's gradients too
         names += golden_source.grad_names(spec, case)
+    judged_as = recorded.judged_dtypes(case) if replayed else {}
+    if replayed:  # what the record holds (a call returns some of the op's outputs)
+        names = [n for n in names if n in k_steps[0]]
     for out_name in names:
-        out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
+        out_dtype = judged_as.get(out_name) or spec.output_dtype(out_name, case.dtype,
+                                                                  case.params)
         is_grad = out_name not in spec.golden_output_names
         if not out_dtype.is_floating_point or (
                 not is_grad and spec.output(out_name).compare != "values"):
@@ -506,7 +517,8 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
     g_steps = [golden.step(s) for s in range(len(golden.trajectory))]
     _PHASE[0] = "running the kernel"
-    if TIMING["repeats"]:
+    replayed = kern.backend == recorded.BACKEND  # the outputs are the record's
+    if TIMING["repeats"] and not replayed:
         try:
             base["kernel_median_s"] = time_kernel(case, kern, TIMING["repeats"], first_inputs)
         except KERNEL_FAULTS as exc:
@@ -517,6 +529,8 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     if case.backward and isinstance(graph, InPlaceKernel):
         names += golden_source.grad_names(spec, case)
         grad_error = str(graph)
+    elif case.backward and replayed:  # a backward record holds the gradients
+        names += golden_source.grad_names(spec, case)
     elif case.backward:
         names += golden_source.grad_names(spec, case)
         try:
@@ -538,8 +552,12 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         rows += [_row(base, output=g, verdict="SKIP", reason=grad_skip,
                       out_dtype=dt.name_of(spec.output_dtype(g, case.dtype, case.params)))
                  for g in grad_rows]
+    judged_as = recorded.judged_dtypes(case) if replayed else {}
+    if replayed:  # what the record holds (a call returns some of the op's outputs)
+        names = [n for n in names if n in k_steps[0]]
     for out_name in names:
-        out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
+        out_dtype = judged_as.get(out_name) or spec.output_dtype(out_name, case.dtype,
+                                                                  case.params)
         row = _row(base, output=out_name, out_dtype=dt.name_of(out_dtype),
                    golden_source=golden.source, golden_s=round(golden.seconds, 6),
                    kernel_s=round(k_seconds, 6))
@@ -556,7 +574,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             rows.append(_row(row, verdict="ERROR", reason=(
                 str(exc) if isinstance(exc, KernelOutputError)
                 else f"comparing: {_error_text(exc)}")))
-    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"]:
+    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"] and not replayed:
         rows += _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps,
                                 golden, k_seconds)
     for view in case.views:
@@ -798,7 +816,10 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
     for s, (k_out, g_out) in enumerate(zip(k_steps, g_steps)):
         actual, golden = k_out[out_name], g_out[out_name]
         who = f"kernel {kern.backend}:{kern.name} ({kern.where})" if kern else "the kernel"
-        if actual.dtype != out_dtype or tuple(actual.shape) != tuple(golden.shape):
+        recorded_as = case.source is not None and kern is not None \
+            and kern.backend == recorded.BACKEND  # values judged in the call's dtype
+        if (actual.dtype != out_dtype and not recorded_as) \
+                or tuple(actual.shape) != tuple(golden.shape):
             what = (f"dtype {actual.dtype}, the op declares {out_dtype} for a {case.dtype} "
                     f"case" if actual.dtype != out_dtype else
                     f"shape {list(actual.shape)}, the golden's is {list(golden.shape)}")

@@ -43,9 +43,12 @@ def default_case_sources() -> list[str]:
 
 def load_sources(sources: Sequence[str], ops=None) -> list[Case]:
     """Cases of several folders or single files."""
+    from . import recorded
     cases: list[Case] = []
     for src in sources:
-        if Path(src).is_file():
+        if recorded.is_recorded_source(src):  # an msprobe dump or a capture folder
+            cases.extend(recorded.load(src, ops))
+        elif Path(src).is_file():
             found = load_file(src)
             cases.extend(c for c in found if ops is None or c.op in ops)
         else:
@@ -103,6 +106,8 @@ def select_cases(sel: Selection) -> list[Case]:
         except KeyError as exc:
             raise ConfigError(f"unknown dtype {exc} (--dtype); known: "
                               f"{', '.join(dt.DTYPE_NAMES)}") from None
+    from . import recorded
+    recorded.reset()
     sources = [sel.cases_dir] if sel.cases_dir else default_case_sources()
     cases_dir = ", ".join(sources)
     cases = load_sources(sources, ops)
@@ -110,10 +115,11 @@ def select_cases(sel: Selection) -> list[Case]:
     if levels is not None:
         known_levels = sorted({c.level for c in cases})
         missing = [lv for lv in levels if lv not in known_levels]
-        if missing and len(missing) == len(levels):
+        if missing and len(missing) == len(levels) and not any(c.source for c in cases):
             raise ConfigError(f"no cases at level {', '.join(missing)} in {cases_dir} "
                               f"(levels there: {', '.join(known_levels) or 'none'})")
-        cases = [c for c in cases if c.level in levels]
+        # recorded calls have one level of their own ("recorded"): any level keeps them
+        cases = [c for c in cases if c.level in levels or c.source is not None]
     if dtypes is not None:
         cases = [c for c in cases if c.dtype in dtypes]
     if not cases:
@@ -132,6 +138,9 @@ def select_cases(sel: Selection) -> list[Case]:
 
 def build(sel: Selection) -> Plan:
     cases = select_cases(sel)
+    if any(c.source is not None for c in cases) or "recorded" in (sel.backends or ()):
+        from . import recorded
+        recorded.register_backend()
     registry.load_backends(sel.backends or
                            [b for b, spec in registry.backends().items() if spec.default])
     all_backends = registry.backends()
@@ -146,7 +155,9 @@ def build(sel: Selection) -> Plan:
         backends = [b for b, spec in all_backends.items()
                     if spec.default and (not registry.optional_backend(b)
                                          or spec.available()[0])]
-    items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)]
+    # the recorded backend judges recorded calls only: it has no outputs for other cases
+    items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)
+             if c.source is not None or k.backend != "recorded"]
     if not items:
         raise ConfigError(f"no kernel of backend(s) {', '.join(backends)} for the selected "
                           f"ops ({', '.join(sorted({c.op for c in cases}))})")

@@ -131,9 +131,11 @@ def _unavailable(*_, **__):
     raise RuntimeError(IMPORT_ERROR)
 
 
-def triton_kernel(op: str, backend: str = "triton", name: str | None = None):
+def triton_kernel(op: str, backend: str = "triton", name: str | None = None,
+                  forward_only: bool = False):
     def wrap(fn):
-        return kernel(op, backend=backend, name=name or fn.__name__)(
+        return kernel(op, backend=backend, name=name or fn.__name__,
+                      forward_only=forward_only)(
             fn if triton is not None else _unavailable)
     return wrap
 
@@ -208,7 +210,7 @@ def lion(weight, grad, exp_avg, *, lr=1e-4, beta1=0.9, beta2=0.99, weight_decay=
     return w, m
 
 
-@triton_kernel("softmax")
+@triton_kernel("softmax", forward_only=True)
 def softmax(x):
     cols = x.shape[-1]
     xc = x.contiguous()

@@ -1,0 +1,531 @@
+"""Recorded calls as cases: msprobe dumps and verify.capture folders, judged or replayed.
+
+A dump or capture folder is a case source like a case file (``--cases DIR``). Each
+recorded call of a bound API (verify/bindings.py) becomes a Case of level "recorded",
+id = the record's name, whose inputs are the recorded tensors and whose golden key is
+their content: the same call twice (same inputs by content) is one case with a count.
+Under the "recorded" backend the kernel outputs are the recorded outputs (``verify
+judge``); under any other backend the user's kernel runs on the recorded inputs (a
+replay). Calls no op binds, calls a binding does not cover and backward records that are
+not what they claim are collected in a NotJudged list, never dropped silently.
+
+Indexing reads dump.json record by record and loads each bound call's input tensors once
+(memory-mapped) to hash them; nothing else is loaded before a case runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from blake3 import blake3
+
+from . import bindings, registry
+from . import dtypes as dt
+from . import msprobe_dump as md
+from .bindings import NotCovered, NotJudged
+from .cases import Case
+from .errors import ConfigError
+
+LEVEL = "recorded"
+BACKEND = "recorded"
+CAPTURE_INDEX = "calls.jsonl"  # a capture folder's records, one JSON object per line
+
+
+@dataclass(frozen=True)
+class RecordSource:
+    """Where a recorded case comes from, and what its call was (tensors as TensorRefs)."""
+
+    kind: str  # "msprobe" | "capture"
+    record: str  # "Functional.rms_norm.0.forward"
+    api: str  # "Functional.rms_norm"
+    binding: str
+    step: int | None
+    rank: int | None
+    module: str
+    device: str  # where it ran: npu, cuda, cpu, ...
+    args: tuple
+    kwargs: tuple  # (name, value) pairs
+    outputs: tuple  # recorded outputs; of a backward record: the inputs' gradients
+    upstream: tuple | None = None  # a backward record's incoming gradients
+    error: str = ""  # the record cannot be judged as it is: an ERROR row says why
+    calls: int = 1  # identical calls (same inputs by content) judged by this one
+    same: tuple = ()  # their record names
+    dump: str = ""  # the dump.json / calls.jsonl it was read from
+
+
+def is_recorded_source(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    if p.is_dir() and (p / CAPTURE_INDEX).is_file():
+        return True
+    if p.is_file() and p.name == CAPTURE_INDEX:
+        return True
+    return md.is_dump(p)
+
+
+# -- reading the records -------------------------------------------------------------
+@dataclass
+class CallRecord:
+    name: str
+    api: str
+    direction: str
+    args: list
+    kwargs: dict
+    outputs: list
+    step: int | None = None
+    rank: int | None = None
+    module: str = ""
+    device: str = ""
+    dump: str = ""
+
+
+def _msprobe_calls(path, not_judged: NotJudged):
+    """CallRecords of an msprobe dump, forward and backward, in file order."""
+    for dump in md.dump_files(path):
+        data_dir = md.data_dir(dump)
+        parents = md.construct(dump)
+        device = None
+        for rec in md.records(dump):
+            if rec.direction == "module":
+                not_judged.add(rec.api + ".*", "module-level record: the calls inside the "
+                                               "module are judged")
+                continue
+            if device is None:
+                device = "npu" if rec.api.startswith("NPU.") else None
+            body = rec.body
+            try:
+                if rec.direction == "forward":
+                    args = md.decode(body.get("input_args") or [], data_dir)
+                    kwargs = md.decode(body.get("input_kwargs") or {}, data_dir)
+                    outputs = md.decode(body.get("output"), data_dir)
+                else:
+                    args = md.decode(body.get("input") or [], data_dir)  # upstream grads
+                    kwargs = {}
+                    outputs = md.decode(body.get("output"), data_dir)  # the inputs' grads
+            except (ValueError, KeyError, TypeError) as exc:
+                yield CallRecord(rec.name, rec.api, rec.direction, [], {}, [],
+                                 dump.step, dump.rank, dump=dump.path,
+                                 device=f"error: {dump.path}: record {rec.name}: {exc}")
+                continue
+            outputs = outputs if isinstance(outputs, list) else [outputs]
+            yield CallRecord(rec.name, rec.api, rec.direction, list(args), dict(kwargs),
+                             outputs, dump.step, dump.rank, parents.get(rec.name, ""),
+                             device or dump.framework, dump.path)
+
+
+def _capture_calls(path, not_judged: NotJudged):
+    p = Path(path)
+    index = p if p.is_file() else p / CAPTURE_INDEX
+    root = index.parent
+    with open(index, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError as exc:
+                raise ConfigError(f"{index}:{lineno}: not JSON ({exc}): the capture was cut "
+                                  f"short; the records before this line are whole") from None
+            if entry.get("note") == "limit":
+                not_judged.add(entry.get("api", "(capture)"), entry.get("reason", "limit"),
+                               int(entry.get("count", 1)))
+                continue
+            try:
+                yield CallRecord(
+                    entry["record"], entry["api"], entry.get("direction", "forward"),
+                    _capture_decode(entry.get("args", []), root),
+                    _capture_decode(entry.get("kwargs", {}), root),
+                    _capture_decode(entry.get("outputs", []), root),
+                    entry.get("step"), entry.get("rank"), entry.get("module", ""),
+                    entry.get("device", "cpu"), str(index))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(f"{index}:{lineno}: a capture record without {exc}") \
+                    from None
+
+
+def _capture_decode(value, root: Path):
+    if isinstance(value, list):
+        return [_capture_decode(v, root) for v in value]
+    if isinstance(value, dict):
+        if value.get("type") == "tensor":
+            blob = value["blob"]
+            return md.TensorRef(str(root / "blobs" / blob[:2] / f"{blob}.safetensors"),
+                                value["dtype"], tuple(value["shape"]))
+        if value.get("type") == "tuple":
+            return tuple(_capture_decode(v, root) for v in value["items"])
+        if value.get("type") == "dtype":
+            return getattr(torch, value["name"])
+        return {k: _capture_decode(v, root) for k, v in value.items()}
+    return value
+
+
+# -- tensors of a record -------------------------------------------------------------
+def _walk(value, fn):
+    if isinstance(value, md.TensorRef):
+        return fn(value)
+    if isinstance(value, list):
+        return [_walk(v, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_walk(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _walk(v, fn) for k, v in value.items()}
+    return value
+
+
+def _refs(value) -> list[md.TensorRef]:
+    out: list[md.TensorRef] = []
+    _walk(value, lambda r: out.append(r))
+    return out
+
+
+def _content_hash(refs: list[md.TensorRef]) -> str:
+    """BLAKE3 of the tensors' dtypes, shapes and bytes; a capture blob's name already is."""
+    h = blake3(max_threads=blake3.AUTO)
+    for ref in refs:
+        h.update(f"{ref.dtype}|{ref.shape}|".encode())
+        if ref.path.endswith(".safetensors"):
+            h.update(Path(ref.path).stem.encode())
+            continue
+        t = ref.load(mmap=True).contiguous()
+        if t.numel():
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()[:32]
+
+
+def _judged(value) -> tuple[torch.Tensor, torch.dtype]:
+    """An outputs adapter's value: a tensor, or (values, the dtype they are judged in)."""
+    if isinstance(value, tuple):
+        return value[0], value[1]
+    return value, value.dtype
+
+
+def _tensor_args(args: list, kwargs: dict) -> list[tuple[str, Any]]:
+    """(where, value) of every top-level tensor argument, positional first."""
+    out = [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, (md.TensorRef,
+                                                                        torch.Tensor))]
+    out += [(k, v) for k, v in kwargs.items() if isinstance(v, (md.TensorRef, torch.Tensor))]
+    return out
+
+
+def _with_grads(args: list, kwargs: dict, grads: list) -> tuple[list, dict]:
+    """The call's arguments with each tensor argument replaced by its gradient."""
+    places = _tensor_args(args, kwargs)
+    args, kwargs = list(args), dict(kwargs)
+    for (where, _), g in zip(places, grads):
+        if where.startswith("arg"):
+            args[int(where[3:])] = g
+        else:
+            kwargs[where] = g
+    return args, kwargs
+
+
+# -- records -> cases ----------------------------------------------------------------
+@dataclass
+class Index:
+    cases: list[Case]
+    not_judged: NotJudged
+    records: int = 0
+    sources: list[str] = dataclasses.field(default_factory=list)
+
+
+def _dtype_of(spec, inputs: dict) -> str | None:
+    for i in spec.inputs:
+        t = inputs.get(i.name)
+        if i.dtype == registry.WORKING and isinstance(t, torch.Tensor) \
+                and t.dtype.is_floating_point:
+            return dt.name_of(t.dtype)
+    for t in inputs.values():
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point:
+            return dt.name_of(t.dtype)
+    return None
+
+
+def _case(spec, rec: CallRecord, binding, inputs: dict, params: dict, mode: str,
+          digest: str, source: RecordSource) -> Case:
+    dtype = _dtype_of(spec, inputs)
+    shapes = {n: tuple(v.shape) if isinstance(v, torch.Tensor) else () for n, v in
+              inputs.items()}
+    dtypes = {n: v.dtype if isinstance(v, torch.Tensor) else spec.input_dtype(n, dtype)
+              for n, v in inputs.items()}
+    dists = {n: ({"dist": "recorded", "sha": digest, "input": n} if v is not None
+                 else {"dist": "none"}) for n, v in inputs.items()}
+    merged = {**spec.params, **params}
+    main = next((shapes[i.name] for i in spec.inputs if inputs.get(i.name) is not None), ())
+    return Case(op=spec.name, id=rec.name, level=LEVEL, dtype=dtype, main_shape=main,
+                input_shapes=shapes, input_dtypes=dtypes, params=merged, seed=0,
+                dists=dists, file=source.dump, case_params=dict(params), mode=mode,
+                description=f"{rec.api} as recorded ({source.kind})", source=source)
+
+
+def _error_case(spec_name: str, rec: CallRecord, binding_name: str, why: str) -> Case:
+    source = RecordSource("msprobe" if rec.dump.endswith(".json") else "capture", rec.name,
+                          rec.api, binding_name, rec.step, rec.rank, rec.module,
+                          rec.device if not rec.device.startswith("error") else "",
+                          (), (), (), error=why, dump=rec.dump)
+    return Case(op=spec_name, id=rec.name, level=LEVEL, dtype="", main_shape=(),
+                input_shapes={}, input_dtypes={}, params={}, seed=0, dists={},
+                file=rec.dump, source=source)
+
+
+def index(path: str | os.PathLike, ops=None) -> Index:
+    """The cases of a dump or capture folder, deduplicated, and what was not judged."""
+    registry.load_builtin()
+    not_judged = NotJudged()
+    p = Path(path)
+    capture = (p.is_dir() and (p / CAPTURE_INDEX).is_file()) or p.name == CAPTURE_INDEX
+    calls = _capture_calls(p, not_judged) if capture else _msprobe_calls(p, not_judged)
+    kind = "capture" if capture else "msprobe"
+    out: list[Case] = []
+    seen: dict[str, int] = {}
+    forwards: dict[str, CallRecord] = {}
+    n = 0
+    for rec in calls:
+        n += 1
+        binding = bindings.for_record(rec.api)
+        label = rec.api if rec.direction == "forward" else f"{rec.api} (backward)"
+        if binding is None:
+            not_judged.add(label, "no op binds it")
+            continue
+        if ops is not None and binding.op not in ops:
+            not_judged.add(label, f"op {binding.op} not selected")
+            continue
+        if rec.device.startswith("error"):
+            out.append(_error_case(binding.op, rec, binding.name, rec.device[7:]))
+            continue
+        spec = registry.op(binding.op)
+        if rec.direction == "forward":
+            if binding.call.backward:
+                forwards[rec.name.rsplit(".", 1)[0]] = rec
+            case = _forward_case(spec, rec, binding, kind, not_judged, label)
+        else:
+            fwd = forwards.pop(rec.name.rsplit(".", 1)[0], None)
+            case = _backward_case(spec, rec, fwd, binding, kind, not_judged, label)
+        if case is None:
+            continue
+        key = json.dumps(case.canonical(), sort_keys=True, default=str) if not \
+            case.source.error else f"error:{len(out)}"
+        if key in seen:
+            first = out[seen[key]]
+            out[seen[key]] = dataclasses.replace(first, source=dataclasses.replace(
+                first.source, calls=first.source.calls + 1,
+                same=first.source.same + (rec.name,)))
+            continue
+        seen[key] = len(out)
+        out.append(case)
+    return Index(out, not_judged, n, [str(p)])
+
+
+def _meta(value):
+    return _walk(value, lambda r: r.meta())
+
+
+def _missing(refs: list[md.TensorRef]) -> str:
+    gone = [r.path for r in refs if not os.path.isfile(r.path)]
+    return f"tensor file {gone[0]} is missing" + (f" (and {len(gone) - 1} more)"
+                                                  if len(gone) > 1 else "") if gone else ""
+
+
+def _source(kind, rec, binding, args, kwargs, outputs, upstream=None, error="") -> RecordSource:
+    return RecordSource(kind, rec.name, rec.api, binding.name, rec.step, rec.rank, rec.module,
+                        rec.device, tuple(args), tuple(sorted(kwargs.items())), tuple(outputs),
+                        None if upstream is None else tuple(upstream), error, dump=rec.dump)
+
+
+def _forward_case(spec, rec, binding, kind, not_judged, label):
+    try:
+        inputs, params = bindings.adapt(binding, _meta(rec.args), _meta(rec.kwargs))
+        outs = binding.call.op_outputs(spec, _meta(rec.outputs), _meta(rec.args),
+                                       _meta(rec.kwargs))
+    except NotCovered as exc:
+        not_judged.add(label, f"{binding.op} does not cover it: {exc}")
+        return None
+    except (ValueError, TypeError, IndexError, RuntimeError) as exc:
+        return _error_case(binding.op, rec, binding.name, str(exc))
+    dtype = _dtype_of(spec, inputs)
+    if dtype is None or dtype not in spec.dtypes:
+        not_judged.add(label, f"{binding.op} covers {', '.join(spec.dtypes)}, not {dtype}")
+        return None
+    refs = _refs(rec.args) + _refs(rec.kwargs)
+    missing = _missing(refs + _refs(rec.outputs))
+    digest = "" if missing else _content_hash(refs)
+    source = _source(kind, rec, binding, rec.args, rec.kwargs, rec.outputs, error=missing)
+    if not outs:
+        not_judged.add(label, f"no output of {binding.op} in the record")
+        return None
+    return _case(spec, rec, binding, inputs, params, "forward", digest, source)
+
+
+def _backward_case(spec, rec, fwd, binding, kind, not_judged, label):
+    if not binding.call.backward:
+        not_judged.add(label, "its backward record is not the gradient of the call's "
+                              "inputs (msprobe hooks a composite call inside; the binding "
+                              "declares no backward)")
+        return None
+    if spec.grads is None:
+        not_judged.add(label, f"op {spec.name} declares no gradients")
+        return None
+    if fwd is None:
+        not_judged.add(label, "its forward record is not in the dump")
+        return None
+    places = _tensor_args(fwd.args, fwd.kwargs)
+    grads = rec.outputs
+    if len(grads) != len(places) or any(
+            not isinstance(g, md.TensorRef) or g.shape != (p.shape if isinstance(
+                p, md.TensorRef) else ()) for g, (_, p) in zip(grads, places)):
+        not_judged.add(label, "its gradients do not match the forward inputs' shapes")
+        return None
+    try:
+        inputs, params = bindings.adapt(binding, _meta(fwd.args), _meta(fwd.kwargs))
+        g_args, g_kwargs = _with_grads(_meta(fwd.args), _meta(fwd.kwargs), _meta(grads))
+        bindings.adapt(binding, g_args, g_kwargs)
+        binding.call.op_outputs(spec, _meta(rec.args), _meta(fwd.args), _meta(fwd.kwargs))
+    except NotCovered as exc:
+        not_judged.add(label, f"{binding.op} does not cover it: {exc}")
+        return None
+    except (ValueError, TypeError, IndexError, RuntimeError) as exc:
+        return _error_case(binding.op, rec, binding.name, str(exc))
+    dtype = _dtype_of(spec, inputs)
+    if dtype is None or dtype not in spec.dtypes:
+        not_judged.add(label, f"{binding.op} covers {', '.join(spec.dtypes)}, not {dtype}")
+        return None
+    refs = _refs(fwd.args) + _refs(fwd.kwargs) + _refs(rec.args)
+    missing = _missing(refs + _refs(grads))
+    digest = "" if missing else _content_hash(refs)
+    source = _source(kind, rec, binding, fwd.args, fwd.kwargs, grads, upstream=rec.args,
+                     error=missing)
+    return _case(spec, rec, binding, inputs, params, "backward", digest, source)
+
+
+# -- what this process indexed, for its report --------------------------------------
+NOT_JUDGED = NotJudged()
+INDEXED = {"records": 0, "cases": 0, "calls": 0}
+
+
+def reset() -> None:
+    NOT_JUDGED.counts.clear()
+    INDEXED.update(records=0, cases=0, calls=0)
+
+
+def load(path: str, ops=None) -> list[Case]:
+    """The cases of a recorded source; what was not judged is kept for the report."""
+    idx = index(path, ops)
+    NOT_JUDGED.merge(idx.not_judged)
+    INDEXED["records"] += idx.records
+    INDEXED["cases"] += len(idx.cases)
+    INDEXED["calls"] += sum(c.source.calls for c in idx.cases)
+    return idx.cases
+
+
+def report_meta() -> dict:
+    """results.json's "recorded" entry: records read, cases, calls, and the not judged."""
+    if not INDEXED["records"] and not NOT_JUDGED.counts:
+        return {}
+    return {"recorded": {**INDEXED, "not_judged": NOT_JUDGED.as_list()}}
+
+
+# -- what a running case loads -------------------------------------------------------
+_LOADED: dict[str, tuple[list, dict]] = {}
+
+
+def _load(value):
+    return _walk(value, lambda r: r.load())
+
+
+def _binding(case: Case):
+    b = bindings.for_record(case.source.api)
+    if b is None:
+        raise ConfigError(f"{case.source.record}: no op binds {case.source.api} any more")
+    return b
+
+
+def inputs(case: Case) -> dict:
+    """The recorded inputs of a case, in the op's layout (CPU tensors)."""
+    src = case.source
+    if src.error:
+        raise RuntimeError(src.error)
+    args, kwargs = _load(list(src.args)), _load(dict(src.kwargs))
+    _LOADED.clear()
+    _LOADED[case.id] = (args, kwargs)
+    ins, _ = bindings.adapt(_binding(case), args, kwargs)
+    out = {}
+    for name in case.input_shapes:
+        v = ins.get(name)
+        out[name] = None if v is None else v.detach().to("cpu").contiguous().clone()
+    return out
+
+
+def upstream(case: Case) -> dict:
+    """A backward record's incoming gradients as the op's ``grad_<output>``."""
+    src = case.source
+    args, kwargs = _LOADED.get(case.id) or (_load(list(src.args)), _load(dict(src.kwargs)))
+    spec = registry.op(case.op)
+    ups = _binding(case).call.op_outputs(spec, _load(list(src.upstream)), args, kwargs)
+    return {f"grad_{n}": _judged(v)[0].detach().contiguous() for n, v in ups.items()}
+
+
+def kernel_outputs(case: Case) -> tuple[dict, dict]:
+    """What the recorded call returned, in the op's layout: (name -> tensor, name -> the
+    dtype it is judged in). Of a backward record: the gradients it holds."""
+    src = case.source
+    spec = registry.op(case.op)
+    binding = _binding(case)
+    args, kwargs = _LOADED.pop(case.id, None) or (_load(list(src.args)),
+                                                  _load(dict(src.kwargs)))
+    if case.mode == "backward":
+        g_args, g_kwargs = _with_grads(args, kwargs, _load(list(src.outputs)))
+        grads, _ = bindings.adapt(binding, g_args, g_kwargs)
+        fwd_ins, _ = bindings.adapt(binding, args, kwargs)
+        wanted = [w for w in spec.grads.wrt if grads.get(w) is not None
+                  and grads[w] is not fwd_ins.get(w)]
+        values = {f"grad_{w}": grads[w] for w in wanted}
+    else:
+        values = binding.call.op_outputs(spec, _load(list(src.outputs)), args, kwargs)
+    out, dtypes = {}, {}
+    for name, value in values.items():
+        t, d = _judged(value)
+        out[name], dtypes[name] = t.detach().contiguous(), d
+    _DTYPES.clear()
+    _DTYPES[case.id] = dtypes
+    return out, dtypes
+
+
+_DTYPES: dict[str, dict] = {}
+
+
+def judged_dtypes(case: Case) -> dict:
+    """The dtypes the last recorded outputs of ``case`` are judged in."""
+    return dict(_DTYPES.get(case.id, {}))
+
+
+def row_columns(case: Case) -> dict:
+    src = case.source
+    return {"record": src.record, "step": src.step, "rank": src.rank, "module": src.module,
+            "calls": src.calls, "recorded_device": src.device}
+
+
+def kernel_label(case: Case) -> str:
+    return f"recorded:{case.source.device or 'unknown'}"
+
+
+# -- the recorded backend ------------------------------------------------------------
+def _recorded_kernel(**_):
+    raise RuntimeError("the recorded backend's outputs come from the record, not a call")
+
+
+def register_backend() -> None:
+    """The "recorded" backend (not run by default): one kernel per op with bindings,
+    added for ops declared since the last call too (a user's op pack)."""
+    if BACKEND not in registry._BACKENDS:
+        registry.register_backend(registry.Backend(
+            BACKEND, device="cpu", default=False,
+            note="the outputs a recorded call returned (an msprobe dump or a capture)"))
+    have = {k.op for k in registry.kernels(backend_names=None) if k.backend == BACKEND}
+    for name in registry.ops():
+        if name not in have and bindings.of_op(name):
+            registry.kernel(name, backend=BACKEND, name=name,
+                            description="the outputs the recorded call returned")(
+                _recorded_kernel)
