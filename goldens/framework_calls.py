@@ -59,7 +59,9 @@ def _matmul_call(input, other, *, out=None):
 for _name in ("Torch.matmul", "Tensor.matmul", "Tensor.__matmul__", "Torch.bmm",
               "Tensor.bmm", "Torch.mm", "Tensor.mm"):
     bind("matmul", {_name: Call(_matmul_call)})
-bind("matmul", {torch.matmul: Call(_matmul_call), torch.bmm: Call(_matmul_call)})
+bind("matmul", {torch.matmul: Call(_matmul_call), torch.bmm: Call(_matmul_call),
+                torch.Tensor.matmul: Call(_matmul_call), torch.Tensor.bmm: Call(_matmul_call),
+                torch.Tensor.__matmul__: Call(_matmul_call)})
 
 
 # -- linear ------------------------------------------------------------------------------
@@ -120,6 +122,7 @@ bind("softmax", {
     "Torch.softmax": Call(_torch_softmax_call, _torch_softmax_out, backward=True),
     "Tensor.softmax": Call(_torch_softmax_call, _torch_softmax_out, backward=True),
     torch.softmax: Call(_torch_softmax_call, _torch_softmax_out, backward=True),
+    torch.Tensor.softmax: Call(_torch_softmax_call, _torch_softmax_out, backward=True),
 })
 
 
@@ -169,7 +172,8 @@ def _mean_out(recorded, input, dim=None, keepdim=False, *, dtype=None, out=None)
 
 bind("mean", {"Torch.mean": Call(_mean_call, _mean_out),
               "Tensor.mean": Call(_mean_call, _mean_out),
-              torch.mean: Call(_mean_call, _mean_out)})
+              torch.mean: Call(_mean_call, _mean_out),
+              torch.Tensor.mean: Call(_mean_call, _mean_out)})
 
 
 # -- rope: npu_rotary_mul ----------------------------------------------------------------
@@ -231,16 +235,6 @@ def _to_bnsd(t, layout, heads):
         s, b, h = t.shape
         return t.reshape(s, b, heads, h // heads).permute(1, 2, 0, 3)
     raise NotCovered(f"input_layout {layout!r}")
-
-
-def _from_bnsd(t, layout):
-    if layout == "BNSD":
-        return t
-    if layout == "BSND":
-        return t.transpose(1, 2)
-    if layout == "BSH":
-        return t.transpose(1, 2).flatten(2)
-    return t.permute(2, 0, 1, 3).flatten(2)  # SBH
 
 
 def _fa_causal(atten_mask, sparse_mode, s_q, s_kv, pre_tockens, next_tockens):

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from . import deadline, golden_source, notices, results, runner, selection, shards
+from . import deadline, golden_source, notices, recorded, results, runner, selection, shards
 from .ray_tasks import NodeContext
 from .errors import ConfigError
 
@@ -21,6 +21,12 @@ class RunResult:
     rows: list[dict]
     run_dir: Path | None
     warnings: list[str] = field(default_factory=list)  # store degraded, registry away, ...
+    recorded: dict | None = None  # a judged dump's records read and those not judged
+
+    @property
+    def not_judged(self) -> list[dict]:
+        """Records of a judged dump or capture that were not judged: api, count, reason."""
+        return list((self.recorded or {}).get("not_judged") or [])
 
     @property
     def df(self) -> pd.DataFrame:
@@ -40,7 +46,7 @@ class RunResult:
         return results.mutant_summary(self.rows)
 
     def summary(self) -> str:
-        return results.summary_text(self.rows, self.run_dir)
+        return results.summary_text(self.rows, self.run_dir, recorded=self.recorded)
 
 
 @contextlib.contextmanager
@@ -143,5 +149,5 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
             "environment": {**results.environment(), **node_lines}, "warnings": warnings,
             "timing": {"configured": t0, "reports_start": clock.time()},
             "selection": selection_id, "shard": shard, "harness": shards.harness_id(),
-            **meta})
-    return RunResult(rows, run_dir, warnings)
+            **recorded.report_meta(), **meta})
+    return RunResult(rows, run_dir, warnings, recorded.report_meta().get("recorded"))

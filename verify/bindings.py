@@ -67,9 +67,18 @@ _BY_TARGET: dict[int, Binding] = {}
 
 
 def callable_name(fn) -> str:
-    """``torch.nn.functional.rms_norm`` for the function itself: how a capture names it."""
+    """How a capture names a call: as msprobe does for torch's own functions
+    (``Functional.rms_norm``, ``Torch.softmax``, ``Tensor.softmax``), so that one binding
+    serves dumps and captures; other callables by module and qualified name."""
     module = getattr(fn, "__module__", None) or ""
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    name = getattr(fn, "__name__", qual)
+    if module in ("torch.nn.functional", "torch._C._nn"):
+        return f"Functional.{name}"
+    if qual.startswith("_VariableFunctionsClass.") or (module == "torch" and "." not in qual):
+        return f"Torch.{name}"
+    if qual.startswith(("TensorBase.", "Tensor.")):
+        return f"Tensor.{name}"
     return f"{module}.{qual}" if module else qual
 
 
@@ -100,11 +109,46 @@ def bind(op: str, calls: dict, where: str = "") -> None:
             _BY_TARGET[id(target)] = binding
 
 
+KERNEL_PREFIX = "Kernel."  # a user kernel's calls in a capture: Kernel.<op>.<kernel>
+
+
+def kernel_api(op: str, kernel_name: str) -> str:
+    return f"{KERNEL_PREFIX}{op}.{kernel_name}"
+
+
+def _convention(op: str):
+    """The adapter of a kernel's own calls: the op's convention fn(*inputs, **params)."""
+    from . import registry
+    spec = registry.op(op)
+
+    def inputs(*args, **kwargs):
+        if len(args) > len(spec.input_names):
+            raise TypeError(f"{len(args)} positional arguments; op '{op}' has "
+                            f"{len(spec.input_names)} inputs")
+        out = dict(zip(spec.input_names, args))
+        out.update(kwargs)
+        return out
+    return inputs
+
+
 def for_record(api: str) -> Binding | None:
-    """The binding of a record's call name (``Functional.rms_norm``), if any."""
+    """The binding of a record's call name (``Functional.rms_norm``; a capture's
+    ``Kernel.<op>.<kernel>`` follows the op's own convention), if any."""
     from . import registry
     registry.load_builtin()
+    if api.startswith(KERNEL_PREFIX) and api not in _BY_NAME:
+        op = api[len(KERNEL_PREFIX):].split(".")[0]
+        if op not in registry.ops():
+            return None
+        return Binding(op, api, Call(_convention(op), backward=False), None,
+                       "the op's kernel convention")
     return _BY_NAME.get(api)
+
+
+def all_bindings() -> list[Binding]:
+    from . import registry
+    registry.load_builtin()
+    return list(_BY_NAME.values())
 
 
 def for_callable(fn) -> Binding | None:

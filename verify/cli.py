@@ -144,6 +144,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between progress lines (cases done and left, op, elapsed)")
     _add_store(run, registry_too=True)
 
+    judge = sub.add_parser(
+        "judge", help="judge the calls recorded in an msprobe dump or a verify.capture folder "
+                      "against their float64 goldens",
+        description="Every recorded forward call of an API an op binds (verify ops OP lists "
+                    "them) is judged against the op's float64 golden with both floors, and "
+                    "written as a run (results.csv / json, report.html, junit.xml); records "
+                    "no op binds are listed by API with counts. Exit 0 / 1 / 2 as verify run.")
+    judge.add_argument("path", help="an msprobe dump (its root, a step / rank / proc folder, "
+                                    "or a dump.json) or a verify.capture folder")
+    for action in run._actions:
+        if action.dest in ("help", "cases", "backend", "level", "benchmark_backend", "time"):
+            continue
+        judge._add_action(action)
+    judge.set_defaults(cases=None, backend=[], level="all", benchmark_backend=None, time=0)
+
     ls = sub.add_parser("ops", help="list the registered ops; with OP, its call signature")
     ls.add_argument("op", nargs="*", help="show these ops in full: inputs, params, outputs, "
                                           "gradients, standard, kernels")
@@ -324,10 +339,22 @@ def _run_on_ray(a) -> int:
         print(f"verify: error: {exc}", file=sys.stderr)
         return 2
     print(results.summary_text(result.rows, result.run_dir, width=_width(),
-                               verbose=a.verbose), end="")
+                               verbose=a.verbose, recorded=result.recorded), end="")
     for line in result.warnings:
         print(f"warning: {line}")
     return result.exit_status
+
+
+def cmd_judge(a) -> int:
+    """``verify judge PATH``: verify run on the recorded calls, their outputs the kernel."""
+    from . import recorded
+    if not recorded.is_recorded_source(a.path):
+        if not os.path.exists(a.path):
+            raise ConfigError(f"{a.path}: no such file or folder")
+        raise ConfigError(f"{a.path}: neither an msprobe dump (no dump.json below it) nor a "
+                          f"verify.capture folder (no {recorded.CAPTURE_INDEX})")
+    a.cases, a.backend, a.level = a.path, [recorded.BACKEND], "all"
+    return cmd_run(a)
 
 
 def cmd_ops(a) -> int:
@@ -585,9 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VERIFY_COMMAND", shlex.join(
         ["verify", *(sys.argv[1:] if argv is None else list(argv))]))
     args = _parser().parse_args(argv)
-    if args.command == "run" and args.kernels and not os.environ.get(FINISHED_ENV):
+    if args.command in ("run", "judge") and args.kernels and not os.environ.get(FINISHED_ENV):
         return _guarded(sys.argv[1:] if argv is None else list(argv))
-    commands = {"run": cmd_run, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
+    commands = {"run": cmd_run, "judge": cmd_judge, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
                 "report": cmd_report, "merge": cmd_merge, "diff": cmd_diff,
                 "strategies": cmd_strategies}
     try:
@@ -596,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verify: error: {exc}", file=sys.stderr)
         code = 2
     mark_finished(code)
-    if argv is None and args.command in ("run", "merge", "report"):
+    if argv is None and args.command in ("run", "judge", "merge", "report"):
         # the `verify` command itself (not a caller of main(argv)): everything is written;
         # skip the interpreter's teardown of torch, numba and pytest (~0.5 s a run)
         sys.stdout.flush()

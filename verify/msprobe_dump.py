@@ -225,5 +225,21 @@ def construct(dump: DumpFile) -> dict:
         else {}
 
 
+def ran_on_npu(dump: DumpFile) -> bool:
+    """Whether the dumped process ran torch_npu: its call stacks (stack.json) pass
+    through torch_npu's files. (Tensor files are saved as CPU tensors either way.)"""
+    path = Path(dump.path).with_name("stack.json")
+    try:
+        with open(path, "rb") as f:
+            tail = b""
+            while chunk := f.read(1 << 20):
+                if b"torch_npu" in tail + chunk:
+                    return True
+                tail = chunk[-16:]
+    except OSError:
+        return False
+    return False
+
+
 def data_dir(dump: DumpFile) -> str:
     return str(Path(dump.path).with_name("dump_tensor_data"))

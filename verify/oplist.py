@@ -71,4 +71,12 @@ def describe(spec: OpSpec) -> str:
     if spec.cases:
         lines.append(f"  case file(s): {spec.cases}")
     lines.append(f"  kernels: {_kernel_list(spec) or '(none registered)'}")
+    from . import bindings
+    bound = bindings.of_op(spec.name)
+    if bound:
+        lines.append("  framework calls bound (verify judge / verify.capture judge their "
+                     "recorded calls):")
+        lines += [f"    {b.describe()}" for b in sorted(bound, key=lambda b: b.name)]
+    else:
+        lines.append("  framework calls bound: none (declare_op(..., calls={...}) binds them)")
     return "\n".join(lines)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from . import (deadline, devices, golden_source, isolation, notices, results, runner, shards,
-               selection)
+from . import (deadline, devices, golden_source, isolation, notices, recorded, results, runner,
+               selection, shards)
 from .errors import ConfigError
 
 _ROWS_KEY = "verify_rows"
@@ -384,7 +384,8 @@ def _write_report(config, rows: list[dict], interrupted: str = "") -> None:
     meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
             "environment": results.environment(), "warnings": warnings,
             "timing": timing, "selection": config._verify_selection,
-            "shard": config._verify_shard, "harness": shards.harness_id()}
+            "shard": config._verify_shard, "harness": shards.harness_id(),
+            **recorded.report_meta()}
     if interrupted:
         meta["interrupted"] = interrupted
     results.write(rows, config._verify_run_dir, meta)
@@ -525,7 +526,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write_sep("=", "precision summary")
     tr.write(results.summary_text(rows, config._verify_run_dir, color=tr.hasmarkup,
                                   width=max(80, tr._tw.fullwidth),
-                                  verbose=config.option.verbose > 0))
+                                  verbose=config.option.verbose > 0,
+                                  recorded=recorded.report_meta().get("recorded")))
     if not config.getoption("--backend"):
         for line in selection.unavailable_backends():
             tr.write_line(f"not run here: backend {line}")

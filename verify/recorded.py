@@ -88,7 +88,7 @@ def _msprobe_calls(path, not_judged: NotJudged):
     for dump in md.dump_files(path):
         data_dir = md.data_dir(dump)
         parents = md.construct(dump)
-        device = None
+        device = "npu" if md.ran_on_npu(dump) else None
         for rec in md.records(dump):
             if rec.direction == "module":
                 not_judged.add(rec.api + ".*", "module-level record: the calls inside the "
@@ -516,16 +516,26 @@ def _recorded_kernel(**_):
     raise RuntimeError("the recorded backend's outputs come from the record, not a call")
 
 
-def register_backend() -> None:
-    """The "recorded" backend (not run by default): one kernel per op with bindings,
-    added for ops declared since the last call too (a user's op pack)."""
+def register_backend(cases=()) -> None:
+    """The "recorded" backend (not run by default) and its kernels: one per op and the
+    device its calls ran on, named as rows show it (``recorded:npu``)."""
     if BACKEND not in registry._BACKENDS:
         registry.register_backend(registry.Backend(
             BACKEND, device="cpu", default=False,
             note="the outputs a recorded call returned (an msprobe dump or a capture)"))
-    have = {k.op for k in registry.kernels(backend_names=None) if k.backend == BACKEND}
-    for name in registry.ops():
-        if name not in have and bindings.of_op(name):
-            registry.kernel(name, backend=BACKEND, name=name,
-                            description="the outputs the recorded call returned")(
-                _recorded_kernel)
+    have = {(k.op, k.name) for k in registry.kernels() if k.backend == BACKEND}
+    for case in cases:
+        if case.source is None or (case.op, kernel_label(case)) in have:
+            continue
+        have.add((case.op, kernel_label(case)))
+        registry.kernel(case.op, backend=BACKEND, name=kernel_label(case),
+                        description="the outputs the recorded call returned")(
+            _recorded_kernel)
+
+
+def runs(case: Case, kern) -> bool:
+    """Whether ``kern`` takes part in ``case``: the recorded backend's kernel of the
+    device the call ran on judges it; it has no outputs for any other case."""
+    if kern.backend != BACKEND:
+        return True
+    return case.source is not None and kern.name == kernel_label(case)

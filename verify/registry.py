@@ -517,9 +517,26 @@ def kernel(op: str, backend: str = "torch", name: str | None = None, description
                                where, covered,
                                {k: tuple(v) for k, v in (params or {}).items()} or None,
                                forward_only))
-        return fn
+        return _capturable(op, kname, fn)
 
     return wrap
+
+
+def _capturable(op: str, kname: str, fn):
+    """What ``@verify.kernel`` hands back: the function itself, which records its calls
+    while a ``verify.capture`` runs (the harness calls the unwrapped one)."""
+    import functools
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        from . import capture_calls
+        if not capture_calls._ACTIVE:
+            return fn(*args, **kwargs)
+        return capture_calls.kernel_call(op, kname, fn, args, kwargs)
+    call.__verify_kernel__ = fn
+    return call
 
 
 def backward_kernel(op: str, backend: str = "torch", name: str | None = None):

@@ -343,7 +343,11 @@ MAX_LISTED = 60  # non-PASS rows listed in the terminal (all of them are in the 
 
 
 def _kernel_label(r: dict) -> str:
-    return r["backend"] if r["kernel"] == r["op"] else f"{r['backend']}:{r['kernel']}"
+    if r["kernel"] == r["op"]:
+        return r["backend"]
+    if str(r["kernel"]).startswith(f"{r['backend']}:"):  # recorded:npu names itself
+        return r["kernel"]
+    return f"{r['backend']}:{r['kernel']}"
 
 
 def _cut(text: str, width: int) -> str:
@@ -476,11 +480,27 @@ def _skip_lines(rows: list[dict]) -> list[str]:
     return [f"[dim]SKIP[/] {n} row(s) of backend {b}: {why}" for (b, why), n in sorted(groups.items())]
 
 
+def recorded_lines(meta: dict | None) -> list[str]:
+    """What a judged dump held: records read, cases judged, and every record not judged,
+    by call name with its count and why (results.json "recorded")."""
+    if not meta:
+        return []
+    calls = meta.get("calls", 0)
+    lines = [f"recorded calls: {meta.get('records', 0)} records read; {meta.get('cases', 0)} "
+             f"cases judged ({calls} calls: identical inputs are judged once)"]
+    missed = meta.get("not_judged") or []
+    if missed:
+        lines.append(f"not judged ({sum(e['count'] for e in missed)} records):")
+        lines += [f"  {e['api']} x{e['count']} ({e['reason']})" for e in missed]
+    return lines
+
+
 def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int = 160,
-                 color: bool = False, verbose: bool = False) -> str:
+                 color: bool = False, verbose: bool = False,
+                 recorded: dict | None = None) -> str:
     """The terminal summary, verdict first: a line per op and kernel, the rows that did
     not go as expected (SKIPs grouped by reason), warnings grouped per kernel, mutants,
-    totals. ``verbose``: every row too."""
+    what a judged dump did not judge (``recorded``), totals. ``verbose``: every row too."""
     from rich.console import Console
     from rich.table import Table
     buf = io.StringIO()
@@ -518,6 +538,8 @@ def summary_text(rows: list[dict], run_dir: str | Path | None = None, width: int
             console.print(text, soft_wrap=True, markup=False, highlight=False)
     for line in _skip_lines(rows) + _grouped_warnings(rows):
         console.print(line)
+    for line in recorded_lines(recorded):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     mutants = mutant_summary(rows)
     if mutants:
         mt = Table(title="known-bad kernels (mutants)", header_style="bold")

@@ -41,7 +41,7 @@ def _base_row(case: Case, kern: registry.Kernel, backend: registry.Backend) -> d
         "tags": ",".join(case.tags), "file": case.file, "mode": case.mode,
         "expected": "FAIL" if backend.expect_fail else "PASS",
         **(recorded.row_columns(case) if case.source is not None else {}),
-        **({"kernel": recorded.kernel_label(case), "device": case.source.device or "unknown"}
+        **({"device": case.source.device or "unknown"}
            if kern.backend == recorded.BACKEND and case.source is not None else {}),
     }
 

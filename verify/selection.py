@@ -140,7 +140,7 @@ def build(sel: Selection) -> Plan:
     cases = select_cases(sel)
     if any(c.source is not None for c in cases) or "recorded" in (sel.backends or ()):
         from . import recorded
-        recorded.register_backend()
+        recorded.register_backend(cases)
     registry.load_backends(sel.backends or
                            [b for b, spec in registry.backends().items() if spec.default])
     all_backends = registry.backends()
@@ -156,8 +156,9 @@ def build(sel: Selection) -> Plan:
                     if spec.default and (not registry.optional_backend(b)
                                          or spec.available()[0])]
     # the recorded backend judges recorded calls only: it has no outputs for other cases
+    from . import recorded
     items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)
-             if c.source is not None or k.backend != "recorded"]
+             if recorded.runs(c, k)]
     if not items:
         raise ConfigError(f"no kernel of backend(s) {', '.join(backends)} for the selected "
                           f"ops ({', '.join(sorted({c.op for c in cases}))})")

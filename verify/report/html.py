@@ -57,7 +57,11 @@ _ENV.filters["fmt"] = fmt
 
 
 def kernel_label(r: dict) -> str:
-    return r["backend"] if r["kernel"] == r["op"] else f"{r['backend']}:{r['kernel']}"
+    if r["kernel"] == r["op"]:
+        return r["backend"]
+    if str(r["kernel"]).startswith(f"{r['backend']}:"):  # recorded:npu names itself
+        return r["kernel"]
+    return f"{r['backend']}:{r['kernel']}"
 
 
 def _worst(verdicts: set[str]) -> str:
