@@ -101,3 +101,26 @@ def put_golden(url, key, data, token, meta='{"op": "t"}', announced=None, params
         headers["Authorization"] = f"Bearer {token}"
     return httpx.put(f"{url}/v1/goldens/{key}", content=data, headers=headers, timeout=30,
                      params=params)
+
+
+MSPROBE = "mindstudio-probe==26.2.0"
+VENV = Path(os.environ.get("VERIFY_MSPROBE_VENV",
+                           Path.home() / ".cache" / "kernel-verify-tests" / "msprobe-26.2.0"))
+
+def msprobe_python() -> Path:
+    """The python of a venv with torch 2.13.0 (CPU) and mindstudio-probe 26.2.0, built
+    once under the user's cache folder; SKIP where it cannot be built (no index)."""
+    import pytest
+    python = VENV / "bin" / "python"
+    if python.exists():
+        return python
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
+        for spec in ("torch==2.13.0", MSPROBE):  # torch first: the CPU build, as pinned
+            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", spec], check=True,
+                           timeout=1200, capture_output=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        import shutil
+        shutil.rmtree(VENV, ignore_errors=True)
+        pytest.skip(f"cannot build a venv with {MSPROBE}: {exc}")
+    return python

@@ -8,7 +8,6 @@ cannot be built (no package index), it SKIPs with the reason.
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,9 +18,7 @@ import torch
 import verify
 from verify import benchmark as bm
 
-MSPROBE = "mindstudio-probe==26.2.0"
-VENV = Path(os.environ.get("VERIFY_MSPROBE_VENV",
-                           Path.home() / ".cache" / "kernel-verify-tests" / "msprobe-26.2.0"))
+from helpers import msprobe_python as _msprobe_python
 
 RUNNER = textwrap.dedent('''
     import json, sys
@@ -50,22 +47,6 @@ RUNNER = textwrap.dedent('''
                      "ratio": float(calc_ratio(0.3, 0.0001, str(dtype)))}
     print(json.dumps(out))
 ''')
-
-
-def _msprobe_python() -> Path:
-    python = VENV / "bin" / "python"
-    if python.exists():
-        return python
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
-        for spec in ("torch==2.13.0", MSPROBE):  # torch first: the CPU build, as pinned
-            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", spec], check=True,
-                           timeout=1200, capture_output=True)
-    except (subprocess.SubprocessError, OSError) as exc:
-        import shutil
-        shutil.rmtree(VENV, ignore_errors=True)
-        pytest.skip(f"cannot build a venv with {MSPROBE}: {exc}")
-    return python
 
 
 def _cases():

@@ -56,6 +56,7 @@ class RecordSource:
     calls: int = 1  # identical calls (same inputs by content) judged by this one
     same: tuple = ()  # their record names
     dump: str = ""  # the dump.json / calls.jsonl it was read from
+    outputs_sha: str = ""  # what the call returned: calls alike in inputs AND outputs are one
 
 
 def is_recorded_source(path: str | os.PathLike) -> bool:
@@ -306,8 +307,10 @@ def index(path: str | os.PathLike, ops=None) -> Index:
             case = _backward_case(spec, rec, fwd, binding, kind, not_judged, label)
         if case is None:
             continue
-        key = json.dumps(case.canonical(), sort_keys=True, default=str) if not \
-            case.source.error else f"error:{len(out)}"
+        # the same inputs and the same outputs: one call judged, counted; the same inputs
+        # with other outputs (a nondeterministic kernel) are judged apart
+        key = json.dumps([case.canonical(), case.source.outputs_sha], sort_keys=True,
+                         default=str) if not case.source.error else f"error:{len(out)}"
         if key in seen:
             first = out[seen[key]]
             out[seen[key]] = dataclasses.replace(first, source=dataclasses.replace(
@@ -329,10 +332,12 @@ def _missing(refs: list[md.TensorRef]) -> str:
                                                   if len(gone) > 1 else "") if gone else ""
 
 
-def _source(kind, rec, binding, args, kwargs, outputs, upstream=None, error="") -> RecordSource:
+def _source(kind, rec, binding, args, kwargs, outputs, upstream=None, error="",
+            outputs_sha="") -> RecordSource:
     return RecordSource(kind, rec.name, rec.api, binding.name, rec.step, rec.rank, rec.module,
                         rec.device, tuple(args), tuple(sorted(kwargs.items())), tuple(outputs),
-                        None if upstream is None else tuple(upstream), error, dump=rec.dump)
+                        None if upstream is None else tuple(upstream), error, dump=rec.dump,
+                        outputs_sha=outputs_sha)
 
 
 def _forward_case(spec, rec, binding, kind, not_judged, label):
@@ -352,7 +357,8 @@ def _forward_case(spec, rec, binding, kind, not_judged, label):
     refs = _refs(rec.args) + _refs(rec.kwargs)
     missing = _missing(refs + _refs(rec.outputs))
     digest = "" if missing else _content_hash(refs)
-    source = _source(kind, rec, binding, rec.args, rec.kwargs, rec.outputs, error=missing)
+    source = _source(kind, rec, binding, rec.args, rec.kwargs, rec.outputs, error=missing,
+                     outputs_sha="" if missing else _content_hash(_refs(rec.outputs)))
     if not outs:
         not_judged.add(label, f"no output of {binding.op} in the record")
         return None
@@ -396,7 +402,7 @@ def _backward_case(spec, rec, fwd, binding, kind, not_judged, label):
     missing = _missing(refs + _refs(grads))
     digest = "" if missing else _content_hash(refs)
     source = _source(kind, rec, binding, fwd.args, fwd.kwargs, grads, upstream=rec.args,
-                     error=missing)
+                     error=missing, outputs_sha="" if missing else _content_hash(_refs(grads)))
     return _case(spec, rec, binding, inputs, params, "backward", digest, source)
 
 

@@ -323,7 +323,7 @@ def diff_tables_text(rows: list[dict], limit: int | None = None) -> str:
             continue
         if limit is not None and len(parts) >= limit:
             break
-        head = (f"{r['op']} [{r['level']}-{r['case_id']}] {r['backend']}:{r['kernel']} "
+        head = (f"{r['op']} [{r['level']}-{r['case_id']}] {_kernel_label(r)} "
                 f"output {r['output']} ({r['out_dtype']}): {r['verdict']} - {r['reason']}")
         names = list(table[0]["inputs"]) if table else []
         header = ["index"] + names + ["golden", "actual", "abs_diff", "rel_diff"]

@@ -313,12 +313,8 @@ def _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps, gold
     names = spec.active_outputs(case.params) if case.forward else []
     if case.backward:  # gradients are judged against the benchmark's gradients too
         names += golden_source.grad_names(spec, case)
-    judged_as = recorded.judged_dtypes(case) if replayed else {}
-    if replayed:  # what the record holds (a call returns some of the op's outputs)
-        names = [n for n in names if n in k_steps[0]]
     for out_name in names:
-        out_dtype = judged_as.get(out_name) or spec.output_dtype(out_name, case.dtype,
-                                                                  case.params)
+        out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
         is_grad = out_name not in spec.golden_output_names
         if not out_dtype.is_floating_point or (
                 not is_grad and spec.output(out_name).compare != "values"):
@@ -517,8 +513,8 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
     g_steps = [golden.step(s) for s in range(len(golden.trajectory))]
     _PHASE[0] = "running the kernel"
-    replayed = kern.backend == recorded.BACKEND  # the outputs are the record's
-    if TIMING["repeats"] and not replayed:
+    as_recorded = kern.backend == recorded.BACKEND  # the outputs are the record's
+    if TIMING["repeats"] and not as_recorded:
         try:
             base["kernel_median_s"] = time_kernel(case, kern, TIMING["repeats"], first_inputs)
         except KERNEL_FAULTS as exc:
@@ -529,7 +525,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     if case.backward and isinstance(graph, InPlaceKernel):
         names += golden_source.grad_names(spec, case)
         grad_error = str(graph)
-    elif case.backward and replayed:  # a backward record holds the gradients
+    elif case.backward and as_recorded:  # a backward record holds the gradients
         names += golden_source.grad_names(spec, case)
     elif case.backward:
         names += golden_source.grad_names(spec, case)
@@ -552,8 +548,8 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         rows += [_row(base, output=g, verdict="SKIP", reason=grad_skip,
                       out_dtype=dt.name_of(spec.output_dtype(g, case.dtype, case.params)))
                  for g in grad_rows]
-    judged_as = recorded.judged_dtypes(case) if replayed else {}
-    if replayed:  # what the record holds (a call returns some of the op's outputs)
+    judged_as = recorded.judged_dtypes(case) if as_recorded else {}
+    if as_recorded:  # what the record holds (a call returns some of the op's outputs)
         names = [n for n in names if n in k_steps[0]]
     for out_name in names:
         out_dtype = judged_as.get(out_name) or spec.output_dtype(out_name, case.dtype,
@@ -574,7 +570,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             rows.append(_row(row, verdict="ERROR", reason=(
                 str(exc) if isinstance(exc, KernelOutputError)
                 else f"comparing: {_error_text(exc)}")))
-    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"] and not replayed:
+    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"] and not as_recorded:
         rows += _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps,
                                 golden, k_seconds)
     for view in case.views:
