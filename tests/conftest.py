@@ -8,6 +8,8 @@ import pytest
 def _private_golden_store(tmp_path_factory):
     old = os.environ.get("VERIFY_STORE")
     os.environ["VERIFY_STORE"] = str(tmp_path_factory.mktemp("golden-store"))
+    # and its own cache of indexed dumps (verify judge)
+    os.environ.setdefault("VERIFY_INDEX_CACHE", str(tmp_path_factory.mktemp("index-cache")))
     yield
     if old is None:
         os.environ.pop("VERIFY_STORE", None)

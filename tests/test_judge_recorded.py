@@ -189,7 +189,7 @@ def test_capture_deduplicates_tensors_and_calls(tmp_path):
 
 def test_capture_limits_say_so_and_count_what_they_left_out(tmp_path):
     x = torch.randn(8, 8)
-    with pytest.warns(verify.capture_calls.CaptureLimit, match="max_calls 2 reached"):
+    with pytest.warns(verify.CaptureLimit, match="max_calls 2 reached"):
         with verify.capture(tmp_path / "cap", max_calls=2) as cap:
             for i in range(5):
                 F.silu(x + i)
@@ -310,3 +310,37 @@ def test_verify_ops_lists_an_ops_bindings():
     assert proc.returncode == 0
     for name in ("Functional.rms_norm", "Torch.rms_norm", "NPU.npu_rms_norm"):
         assert name in proc.stdout
+
+
+def test_a_users_op_binds_its_calls_from_the_readme(tmp_path):
+    """The README's my_ops.py, in a folder of its own: its bound function is captured
+    through its module, an msprobe-named record of its NPU call is judged, and a call it
+    does not cover is listed as not judged."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("# my_ops.py\nimport torch\nimport verify\n\n\ndef scaled_silu_call")
+    code = readme[start:readme.index("```", start)]
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "my_ops.py").write_text(code)
+    script = proj / "use.py"
+    script.write_text(
+        "import sys, torch, verify\n"
+        "sys.path.insert(0, '.')\n"
+        "import my_ops\n"
+        "x = torch.randn(4, 16, dtype=torch.bfloat16)\n"
+        "with verify.capture('calls') as cap:\n"
+        "    y = my_ops.fused_scaled_silu(x, 2.0)\n"
+        "    my_ops.fused_scaled_silu(torch.randn(1, 1, 1, 1, 2), 2.0)\n"
+        "assert cap.calls == 2, cap.calls\n"
+        "r = verify.judge('calls', kernels=['my_ops.py'], reports=False)\n"
+        "print([(x['record'], x['verdict']) for x in r.rows])\n"
+        "print(r.not_judged)\n"
+        "assert [x['verdict'] for x in r.rows] == ['PASS']\n"
+        "assert r.not_judged[0]['count'] == 1 and 'more than 4 dims' in "
+        "r.not_judged[0]['reason']\n")
+    env = {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=proj, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, **env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Functional" not in proc.stdout.split("\n")[0]  # the user's call, by its own name
+    assert "my_ops.fused_scaled_silu.0.forward" in proc.stdout

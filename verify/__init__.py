@@ -44,7 +44,7 @@ _EXPORTS = {
     "Backend": "registry", "register_backend": "registry", "backend": "registry",
     "working": "compute_floor",
     "Call": "bindings", "NotCovered": "bindings", "bind": "bindings",
-    "judge": "judge_records", "capture": "capture_calls",
+    "judge": "judge_records", "capture": "capture_calls", "CaptureLimit": "capture_calls",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,6 +12,7 @@ from typing import Sequence
 import pandas as pd
 
 from . import deadline, golden_source, notices, recorded, results, runner, selection, shards
+from .store import close_all as close_store_connections
 from .ray_tasks import NodeContext
 from .errors import ConfigError
 
@@ -142,6 +143,7 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
             for case, kern in plan.items:
                 advance(case.op)
                 rows.extend(runner.run_case(case, kern))
+    close_store_connections()  # the index's write-ahead log folded in: readers see every golden
     warnings = list(dict.fromkeys(warnings + notices.drain()))
     if run_dir is not None:
         results.write(rows, run_dir, {

@@ -13,8 +13,9 @@ written before the call runs (an in-place call changes nothing recorded) and eve
 is detached: the forward's results and its autograd graph are the model's own.
 
 Torch functions are seen through a TorchFunctionMode (only the outermost call: what a
-bound call does inside is its own business); torch_npu functions and user kernels are
-wrapped for the duration of the capture.
+bound call does inside is its own business); torch_npu functions and the user's own bound
+functions are wrapped in their modules for the duration of the capture; @verify.kernel
+functions record themselves while a capture runs.
 """
 from __future__ import annotations
 
@@ -218,6 +219,30 @@ def _npu_wrappers(cap: Capture, wanted):
     return patched
 
 
+def _own_wrappers(cap: Capture, wanted):
+    """The user's own bound Python functions, wrapped in their modules for the capture
+    (a call through the module, ``my_ops.fused(...)``, is recorded; a reference taken
+    before the capture is not: decorate such a function with @verify.kernel instead)."""
+    import inspect
+    import sys
+    patched = []
+    for b in wanted:
+        fn = b.target
+        if fn is None or not inspect.isfunction(fn) or fn.__module__.startswith("torch"):
+            continue
+        owner = sys.modules.get(fn.__module__)
+        if owner is None or getattr(owner, fn.__name__, None) is not fn:
+            continue
+
+        def wrapper(*args, _fn=fn, _api=b.name, **kwargs):
+            if getattr(_STATE, "depth", 0):
+                return _fn(*args, **kwargs)
+            return _recorded(cap, _api, args, kwargs, lambda: _fn(*args, **kwargs))
+        setattr(owner, fn.__name__, wrapper)
+        patched.append((owner, fn.__name__, fn))
+    return patched
+
+
 @contextlib.contextmanager
 def capture(folder, ops=None, max_calls: int | None = None, max_bytes: int | None = None):
     """Record every call of a bound callable made inside the block into ``folder``
@@ -250,6 +275,7 @@ def capture(folder, ops=None, max_calls: int | None = None, max_bytes: int | Non
     targets = {id(b.target): b for b in chosen}
     patched = _npu_wrappers(cap, [b for b in bindings.all_bindings()
                                   if wanted_ops is None or b.op in wanted_ops])
+    patched += _own_wrappers(cap, chosen)
     _ACTIVE.append(cap)
     try:
         with _Mode(cap, targets):

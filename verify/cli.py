@@ -629,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         logging.shutdown()
+        from .store import close_all
+        close_all()
         os._exit(code)
     return code
 

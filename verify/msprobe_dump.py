@@ -104,7 +104,7 @@ def _looks_like_dump(p: Path) -> bool:
 
 def _dump_jsons(root: Path, limit: int | None = None) -> Iterator[Path]:
     found = 0
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, files in os.walk(root, followlinks=True):
         dirs.sort(key=lambda d: (int(re.sub(r"\D", "", d) or -1), d))
         dirs[:] = [d for d in dirs if d != "dump_tensor_data"]
         if "dump.json" in files:

@@ -439,6 +439,8 @@ _WARNINGS: dict[str, None] = {}  # run-level warnings of every process, in order
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
+    from .store import close_all
+    close_all()  # every process's index connections: the write-ahead log is folded in
     if not _active(config) or hasattr(config, "workerinput"):
         return
     rows = list(_ROWS)

@@ -319,7 +319,21 @@ def index(path: str | os.PathLike, ops=None) -> Index:
             continue
         seen[key] = len(out)
         out.append(case)
-    return Index(out, not_judged, n, [str(p)])
+    return Index(_unique_ids(out), not_judged, n, [str(p)])
+
+
+def _unique_ids(cases: list[Case]) -> list[Case]:
+    """Case ids are record names; a dump of several steps or ranks repeats them, so
+    there each id is prefixed with where it ran: ``step3/rank1/Functional.linear.0.forward``."""
+    places = {(c.source.step, c.source.rank) for c in cases}
+    if len(places) <= 1:
+        return cases
+    out = []
+    for c in cases:
+        where = "".join(f"{k}{v}/" for k, v in (("step", c.source.step),
+                                                 ("rank", c.source.rank)) if v is not None)
+        out.append(dataclasses.replace(c, id=where + c.id))
+    return out
 
 
 def _meta(value):
@@ -416,9 +430,65 @@ def reset() -> None:
     INDEXED.update(records=0, cases=0, calls=0)
 
 
+INDEX_VERSION = "1"  # bump when what an index holds changes
+
+
+def _index_key(path, ops) -> str | None:
+    """What an index depends on: the source's files (names, sizes, mtimes: dump.json,
+    construct.json, stack.json, every tensor file), the ops asked for, the bindings and
+    the harness's index version. None where the source cannot be listed."""
+    h = blake3()
+    h.update(f"{INDEX_VERSION}|{os.path.abspath(path)}|{sorted(ops or [])}|".encode())
+    h.update("|".join(sorted(f"{b.name}>{b.op}" for b in bindings.all_bindings())).encode())
+    try:
+        root = Path(path)
+        for folder, dirs, files in os.walk(root if root.is_dir() else root.parent,
+                                           followlinks=True):
+            dirs.sort()
+            for name in sorted(files):
+                st = os.stat(os.path.join(folder, name))
+                h.update(f"{folder}/{name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    except OSError:
+        return None
+    return h.hexdigest()[:32]
+
+
+def _index_cache(key: str) -> Path:
+    from platformdirs import user_cache_dir
+    base = os.environ.get("VERIFY_INDEX_CACHE") or os.path.join(
+        user_cache_dir("kernel-verify", appauthor=False), "recorded-index")
+    return Path(base) / f"{key}.pickle"
+
+
+def cached_index(path, ops=None) -> Index:
+    """``index``, kept in the user's cache folder: the run's controller indexes a dump
+    once and every worker (and a later replay of the same dump) reads that. Any change to
+    the source's files is a new key."""
+    import pickle
+    key = _index_key(path, ops)
+    cache = _index_cache(key) if key else None
+    if cache is not None and cache.is_file():
+        try:
+            with open(cache, "rb") as f:
+                return pickle.load(f)
+        except Exception:  # unreadable or from another harness version: index again
+            cache.unlink(missing_ok=True)
+    idx = index(path, ops)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".part{os.getpid()}")
+            with open(tmp, "wb") as f:
+                pickle.dump(idx, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # no cache folder: index again next time
+    return idx
+
+
 def load(path: str, ops=None) -> list[Case]:
     """The cases of a recorded source; what was not judged is kept for the report."""
-    idx = index(path, ops)
+    idx = cached_index(path, ops)
     NOT_JUDGED.merge(idx.not_judged)
     INDEXED["records"] += idx.records
     INDEXED["cases"] += len(idx.cases)

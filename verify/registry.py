@@ -649,6 +649,11 @@ def load_user_module(spec: str) -> None:
             mod_name = "verify_user_" + hashlib.sha1(path.encode()).hexdigest()[:10]
             if mod_name in sys.modules:
                 return
+            # imported already under its own name (a script did `import my_ops`, then
+            # passed kernels=["my_ops.py"]): the same module, not a second declaration
+            if any(getattr(m, "__file__", None) and os.path.abspath(m.__file__) == path
+                   for m in list(sys.modules.values())):
+                return
             folder = os.path.dirname(path)
             if folder not in sys.path:
                 sys.path.append(folder)

@@ -18,6 +18,7 @@ missing, so the caller recomputes and replaces it.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -25,7 +26,9 @@ import os
 import re
 import secrets
 import sqlite3
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -143,6 +146,20 @@ def tensors_to_trajectory(tensors: dict, outputs: list[str]) -> list[tuple[torch
     return [tuple(tensors[f"{s}/{name}"] for name in outputs) for s in range(steps)]
 
 
+_OPEN: "weakref.WeakSet[GoldenStore]" = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """Close every kept index connection of this process: the last one to close folds the
+    write-ahead log into index.sqlite, so a reader that cannot write (a read-only copy of
+    the store) sees every golden. Called at the end of a run and at exit."""
+    for store in list(_OPEN):
+        store.close()
+
+
+atexit.register(close_all)
+
+
 class GoldenStore:
     """A folder of goldens, safe for many processes at once."""
 
@@ -181,6 +198,7 @@ class GoldenStore:
         blob records its key and what it was computed from); blobs whose bytes no longer
         match their name are left out."""
         kept = self.root / f"index.sqlite.corrupt-{int(time.time())}"
+        self.close()
         os.replace(self.db_path, kept)
         for suffix in ("-wal", "-shm"):
             Path(f"{self.db_path}{suffix}").unlink(missing_ok=True)
@@ -202,16 +220,48 @@ class GoldenStore:
     # -- plumbing -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
+        """The index, on a connection kept per process and thread: opening one (and its
+        pragmas) cost more than the statement itself, several times per golden. A
+        connection that raised is closed and not reused."""
+        key = (os.getpid(), threading.get_ident())
+        cache = self.__dict__.setdefault("_connections", {})
+        _OPEN.add(self)
+        db = cache.pop(key, None)
+        if db is None:
+            db = self._connect()
+        try:
+            yield db
+        except BaseException:
+            db.close()
+            raise
+        if not self.__dict__.get("_closed"):
+            cache[key] = db
+        else:
+            db.close()
+
+    def _connect(self) -> sqlite3.Connection:
         if getattr(self, "readonly", False):  # no journal, no locks: nothing is written
             db = sqlite3.connect(f"file:{self.db_path}?mode=ro&immutable=1", uri=True,
-                                 timeout=BUSY_TIMEOUT_S, isolation_level=None)
+                                 timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                 check_same_thread=False)
         else:
-            db = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            db = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                 check_same_thread=False)
         try:
             db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-            yield db
-        finally:
+            # WAL with synchronous NORMAL: a commit is not synced to disk (a power loss may
+            # drop the last entries, whose goldens are then recomputed), never corrupts
+            db.execute("PRAGMA synchronous=NORMAL")
+        except BaseException:
             db.close()
+            raise
+        return db
+
+    def close(self) -> None:
+        """Close the connections this process keeps to the index."""
+        for db in self.__dict__.pop("_connections", {}).values():
+            with contextlib.suppress(Exception):
+                db.close()
 
     def blob_path(self, digest: str) -> Path:
         return self.root / "blobs" / digest[:2] / f"{digest}.safetensors"
@@ -225,13 +275,14 @@ class GoldenStore:
 
     # -- writing --------------------------------------------------------------------------
     def put_tensors(self, key: str, tensors: dict[str, torch.Tensor], meta: dict) -> Entry:
-        """Write a golden: temp file, fsync, hash, rename into place, then index it."""
+        """Write a golden: temp file, hash, rename into place, then index it. No fsync: a
+        blob cut short by a power loss fails its hash on the next read and is recomputed
+        (verified_path), so durability costs nothing a golden needs (an fsync per golden
+        was a third of judging a recorded call)."""
         tmp = self._tmp_path(key)
         try:
             save_file(tensors, str(tmp), metadata={"key": key, "op": meta.get("op", ""),
                                                    "meta": json.dumps(meta, sort_keys=True)})
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
             return self._commit(key, tmp, hash_file(tmp), meta)
         finally:
             tmp.unlink(missing_ok=True)
