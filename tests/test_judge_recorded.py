@@ -134,6 +134,20 @@ def test_npu_records_with_a_correct_npus_outputs_pass_and_planted_bugs_fail(npu_
     assert rstd and rstd[0]["out_dtype"] == "fp32" and rstd[0]["verdict"] == "PASS"
 
 
+def test_shards_of_a_judged_dump_merge_with_its_not_judged_list(bf16_dump, tmp_path):
+    for i in (1, 2):
+        proc = run_cli("judge", bf16_dump, "--shard", f"{i}/2", "-n", "0", "--reports",
+                       tmp_path, "--run-id", f"s{i}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_cli("merge", "--out", tmp_path / "m", tmp_path / "s1", tmp_path / "s2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Tensor.__add__ x2 (no op binds it)" in proc.stdout
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    whole = verify.judge(bf16_dump, reports=False)
+    assert sorted(r["record"] for r in merged["rows"]) == sorted(r["record"] for r in
+                                                                  whole.rows)
+
+
 def test_replaying_a_dump_runs_a_kernel_on_the_recorded_inputs(bf16_dump, tmp_path):
     good = verify.run(cases=str(bf16_dump), backends=["torch"], reports=False)
     assert good.rows and {r["verdict"] for r in good.rows} == {"PASS"}
@@ -300,6 +314,8 @@ def test_verify_judge_cli_writes_a_run_and_lists_what_it_did_not_judge(tmp_path)
     run = tmp_path / "r" / "j"
     for name in ("results.csv", "results.json", "report.html", "junit.xml"):
         assert (run / name).is_file()
+    html = (run / "report.html").read_text()
+    assert 'id="not-judged"' in html and "Tensor.__add__" in html
     import pandas as pd
     df = pd.read_csv(run / "results.csv")
     assert set(df["record"]) == {"Functional.silu.0.forward", "Functional.silu.1.forward"}

@@ -404,7 +404,8 @@ def cmd_merge(a) -> int:
 
     rows, meta = shards.merge(a.run_dirs, a.out)
     run_dir = results.write(rows, a.out, meta)
-    print(results.summary_text(rows, run_dir, width=_width()), end="")
+    print(results.summary_text(rows, run_dir, width=_width(), recorded=meta.get("recorded")),
+          end="")
     print(f"merged {len(a.run_dirs)} run(s), {len(rows)} rows, into {run_dir}")
     return results.exit_status(rows)
 

@@ -437,8 +437,10 @@ def _index_key(path, ops) -> str | None:
     """What an index depends on: the source's files (names, sizes, mtimes: dump.json,
     construct.json, stack.json, every tensor file), the ops asked for, the bindings and
     the harness's index version. None where the source cannot be listed."""
+    from .shards import harness_id  # another harness's index is not this one's
     h = blake3()
-    h.update(f"{INDEX_VERSION}|{os.path.abspath(path)}|{sorted(ops or [])}|".encode())
+    h.update(f"{INDEX_VERSION}|{harness_id()}|{os.path.abspath(path)}|"
+             f"{sorted(ops or [])}|".encode())
     h.update("|".join(sorted(f"{b.name}>{b.op}" for b in bindings.all_bindings())).encode())
     try:
         root = Path(path)

@@ -133,4 +133,6 @@ def merge(run_dirs: list[str], out: str) -> tuple[list[dict], dict]:
             "environment": first.get("environment", {}), "warnings": warnings,
             "selection": first["selection"], "harness": first.get("harness"),
             "shard": None, "merged_from": [m.get("run_id") for _, _, m in loaded]}
+    if first.get("recorded"):  # one dump's index, the same in every shard
+        meta["recorded"] = first["recorded"]
     return rows, meta
