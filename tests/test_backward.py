@@ -158,7 +158,7 @@ def test_case_mode_and_upstream_distribution(tmp_path):
      "is required"),
 ])
 def test_bad_backward_case_fields_name_the_field(tmp_path, case, field, message):
-    op = "gelu" if case["id"] == "a" else "rmsnorm_without_weight"
+    op = "mean" if case["id"] == "a" else "rmsnorm_without_weight"
     path = write_cases(tmp_path, {"op": op, "levels": {"L0": [case]}})
     with pytest.raises(CaseFileError) as err:
         verify.cases.load_file(path)
