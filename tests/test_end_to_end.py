@@ -27,7 +27,7 @@ def test_correct_kernels_pass_every_case(level):
     for r in res.rows:  # only backends that are not available here may skip
         if r["verdict"] == "SKIP":
             assert not registry.backend(r["backend"]).available()[0] or \
-                "real device" in r["reason"], r
+                "real device" in r["reason"] or "is forward-only" in r["reason"], r
     assert {r["op"] for r in res.rows} == set(registry.ops())
     assert res.exit_status == 0
 
@@ -86,7 +86,7 @@ def test_validation_of_the_real_wrappers():
 
 
 def test_api_surface():
-    assert set(OPTIMIZERS) <= set(verify.ops()) and len(verify.ops()) == 32
+    assert set(OPTIMIZERS) <= set(verify.ops()) and len(verify.ops()) == 37
     res = verify.run(level="L0", ops=["lion"], dtypes=["bf16"], reports=False)
     df = res.df
     assert isinstance(df, pd.DataFrame) and set(df["dtype"]) == {"bf16"}
