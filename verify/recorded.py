@@ -364,19 +364,11 @@ def _forward_case(spec, rec, binding, kind, not_judged, label):
         return None
     except (ValueError, TypeError, IndexError, RuntimeError) as exc:
         return _error_case(binding.op, rec, binding.name, str(exc))
-    dtype = _dtype_of(spec, inputs)
-    if dtype is None or dtype not in spec.dtypes:
-        not_judged.add(label, f"{binding.op} covers {', '.join(spec.dtypes)}, not {dtype}")
-        return None
-    refs = _refs(rec.args) + _refs(rec.kwargs)
-    missing = _missing(refs + _refs(rec.outputs))
-    digest = "" if missing else _content_hash(refs)
-    source = _source(kind, rec, binding, rec.args, rec.kwargs, rec.outputs, error=missing,
-                     outputs_sha="" if missing else _content_hash(_refs(rec.outputs)))
     if not outs:
         not_judged.add(label, f"no output of {binding.op} in the record")
         return None
-    return _case(spec, rec, binding, inputs, params, "forward", digest, source)
+    return _hashed_case(spec, rec, binding, kind, not_judged, label, inputs, params,
+                        "forward", rec.args, rec.kwargs, rec.outputs, None)
 
 
 def _backward_case(spec, rec, fwd, binding, kind, not_judged, label):
@@ -408,16 +400,24 @@ def _backward_case(spec, rec, fwd, binding, kind, not_judged, label):
         return None
     except (ValueError, TypeError, IndexError, RuntimeError) as exc:
         return _error_case(binding.op, rec, binding.name, str(exc))
+    return _hashed_case(spec, rec, binding, kind, not_judged, label, inputs, params,
+                        "backward", fwd.args, fwd.kwargs, grads, rec.args)
+
+
+def _hashed_case(spec, rec, binding, kind, not_judged, label, inputs, params, mode, args,
+                 kwargs, outputs, upstream):
+    """The case of a record whose binding fits: a dtype the op covers, its inputs (and a
+    backward record's upstream) hashed for the golden key, its outputs for dedupe."""
     dtype = _dtype_of(spec, inputs)
     if dtype is None or dtype not in spec.dtypes:
         not_judged.add(label, f"{binding.op} covers {', '.join(spec.dtypes)}, not {dtype}")
         return None
-    refs = _refs(fwd.args) + _refs(fwd.kwargs) + _refs(rec.args)
-    missing = _missing(refs + _refs(grads))
+    refs = _refs(args) + _refs(kwargs) + (_refs(upstream) if upstream is not None else [])
+    missing = _missing(refs + _refs(outputs))
+    source = _source(kind, rec, binding, args, kwargs, outputs, upstream=upstream,
+                     error=missing, outputs_sha="" if missing else _content_hash(_refs(outputs)))
     digest = "" if missing else _content_hash(refs)
-    source = _source(kind, rec, binding, fwd.args, fwd.kwargs, grads, upstream=rec.args,
-                     error=missing, outputs_sha="" if missing else _content_hash(_refs(grads)))
-    return _case(spec, rec, binding, inputs, params, "backward", digest, source)
+    return _case(spec, rec, binding, inputs, params, mode, digest, source)
 
 
 # -- what this process indexed, for its report --------------------------------------
