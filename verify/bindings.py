@@ -79,6 +79,9 @@ def callable_name(fn) -> str:
         return f"Torch.{name}"
     if qual.startswith(("TensorBase.", "Tensor.")):
         return f"Tensor.{name}"
+    if module.startswith("verify_user_"):  # loaded from a file (--kernels my_ops.py): the
+        import os                          # name it has when the model imports it
+        module = os.path.splitext(os.path.basename(inspect.getsourcefile(fn) or module))[0]
     return f"{module}.{qual}" if module else qual
 
 
