@@ -316,6 +316,9 @@ def _ce_out(recorded, input, target, weight=None, size_average=None, ignore_inde
     loss = recorded[0]
     if reduction != "mean":
         return {"loss": loss}
+    if target.is_meta:  # indexing checks the binding on meta tensors (no values; meta
+        # arithmetic would import torch._dynamo, seconds)
+        return {"loss": (loss.double(), loss.dtype)}
     # a mean over the tokens kept: the op's sum is the mean times their count (exact in
     # float64), judged in the dtype the call returned
     kept = (target != ignore_index).sum()

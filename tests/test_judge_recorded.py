@@ -254,6 +254,58 @@ def _small_dump(tmp_path) -> Path:
     return d
 
 
+def test_calls_alike_in_summaries_are_told_apart_by_content_and_the_index_reads_no_tensor(
+        tmp_path, monkeypatch):
+    """Dedupe by dump.json's summaries, then by content: a permuted input has the same
+    Max / Min / Mean / Norm (judged apart), a repeated call is counted, and the same
+    inputs with other outputs are judged apart; calls with distinct summaries cost no
+    file read at all."""
+    from verify import msprobe_dump
+    d = tmp_path / "dump" / "step0" / "proc1"
+    (d / "dump_tensor_data").mkdir(parents=True)
+    x = torch.randn(4, 8)
+    inputs = [x, x.clone(), x.flip(0), x.clone(), torch.randn(4, 8)]
+    outputs = [F.silu(t) for t in inputs]
+    outputs[3] = outputs[3] * 1.5  # a nondeterministic (or broken) kernel's other result
+    data = {}
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4, 8]}
+    for n, (a, o) in enumerate(zip(inputs, outputs)):
+        name = f"Functional.silu.{n}.forward"
+        torch.save(a, d / "dump_tensor_data" / f"{name}.input.0.pt")
+        torch.save(o, d / "dump_tensor_data" / f"{name}.output.0.pt")
+        stats = {k: float(f(a)) for k, f in (("Max", torch.max), ("Min", torch.min),
+                                               ("Mean", torch.mean), ("Norm", torch.norm))}
+        out_stats = {"Max": round(float(o.max()), 3)}
+        data[name] = {"input_args": [{**t, **stats, "data_name": f"{name}.input.0.pt"}],
+                      "input_kwargs": {},
+                      "output": [{**t, **out_stats, "data_name": f"{name}.output.0.pt"}]}
+    (d / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1",
+                                             "framework": "pytorch", "dump_data_dir": "/x",
+                                             "data": data}))
+    idx = recorded.index(tmp_path / "dump")
+    by = {c.id: c.source for c in idx.cases}
+    assert sorted(by) == ["Functional.silu.0.forward", "Functional.silu.2.forward",
+                          "Functional.silu.3.forward", "Functional.silu.4.forward"]
+    assert by["Functional.silu.0.forward"].same == ("Functional.silu.1.forward",)
+    assert by["Functional.silu.0.forward"].calls == 2
+    keys = {c.id: c.golden_key("1") for c in idx.cases}
+    assert keys["Functional.silu.0.forward"] == keys["Functional.silu.3.forward"]
+    assert len({keys["Functional.silu.0.forward"], keys["Functional.silu.2.forward"],
+                keys["Functional.silu.4.forward"]}) == 3
+
+    loads = []
+    real = msprobe_dump.TensorRef.load
+    monkeypatch.setattr(msprobe_dump.TensorRef, "load",
+                        lambda self, mmap=False: loads.append(self.path) or real(self, mmap))
+    doc = json.loads((d / "dump.json").read_text())
+    for n in (1, 2, 3):  # distinct summaries everywhere
+        del doc["data"][f"Functional.silu.{n}.forward"]
+    (d / "dump.json").write_text(json.dumps(doc))
+    assert len(recorded.index(tmp_path / "dump").cases) == 2 and loads == []
+    result = verify.judge(tmp_path / "dump", reports=False)
+    assert [r["verdict"] for r in result.rows] == ["PASS", "PASS"]
+
+
 def test_a_truncated_dump_json_is_exit_2_naming_the_file(tmp_path):
     d = _small_dump(tmp_path)
     text = (d / "dump.json").read_text()

@@ -154,9 +154,14 @@ def _parser() -> argparse.ArgumentParser:
     judge.add_argument("path", help="an msprobe dump (its root, a step / rank / proc folder, "
                                     "or a dump.json) or a verify.capture folder")
     for action in run._actions:
-        if action.dest in ("help", "cases", "backend", "level", "benchmark_backend", "time"):
+        if action.dest in ("help", "cases", "backend", "level", "benchmark_backend", "time",
+                           "workers"):
             continue
         judge._add_action(action)
+    judge.add_argument("-n", "--workers", default=None, type=_workers,
+                       help="processes judging the records (a number or 'auto'); default "
+                            "one, this process: a recorded output runs no kernel code, so "
+                            "there is nothing to isolate; 2 or more: pytest-xdist workers")
     judge.set_defaults(cases=None, backend=[], level="all", benchmark_backend=None, time=0)
 
     ls = sub.add_parser("ops", help="list the registered ops; with OP, its call signature")
@@ -354,6 +359,8 @@ def cmd_judge(a) -> int:
         raise ConfigError(f"{a.path}: neither an msprobe dump (no dump.json below it) nor a "
                           f"verify.capture folder (no {recorded.CAPTURE_INDEX})")
     a.cases, a.backend, a.level = a.path, [recorded.BACKEND], "all"
+    if a.workers in (None, 1) and a.ray is None:  # one worker is this process: no worker start, one index
+        a.workers = 0
     return cmd_run(a)
 
 

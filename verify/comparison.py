@@ -63,7 +63,7 @@ def resolve_standard(spec, output: str | None = None) -> dict:
 
 def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=None,
             output: str | None = None, floor: bool = True,
-            benchmark: torch.Tensor | None = None) -> Verdict:
+            benchmark: torch.Tensor | None = None, plots: bool = True) -> Verdict:
     """Judge ``actual`` against the float64 ``golden``.
 
     standard="benchmark" (msprobe's benchmark standard) judges ``actual`` by the ratios of
@@ -71,6 +71,7 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
 
     dtype: the output dtype whose constants apply (default: actual's dtype).
     standard: a name ('cann_v1', 'allclose', ...) or a dict with params.
+    plots=False: no histogram or heat map (a figure of its own, a floor's, say).
     """
     if standard == "benchmark" or (isinstance(standard, dict)
                                    and standard.get("name") == "benchmark"):
@@ -93,7 +94,7 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
     name = spec["name"]
     m, f, hist, heat = measure_all(actual, golden, out_dtype, atol=spec.get("atol"),
                                    rtol=spec.get("rtol"), floor=floor,
-                                   scale=float(spec.get("scale", 1.0)),
+                                   scale=float(spec.get("scale", 1.0)), hist=plots,
                                    heat="tol" if name == "allclose" else "rel")
     if name == "exact":  # bitwise, never through allclose's tolerances
         em = exact_metrics(actual, golden)

@@ -738,14 +738,17 @@ _EMPTY = np.empty((0, N_SLOTS))
 def _locate_argmax(combined: np.ndarray, best: dict, a, g, c, total: int) -> None:
     """The element index of the largest |a - g| and relative error: found again inside
     the one block that holds each maximum."""
+    found: dict[int, tuple[int, int]] = {}  # block start -> (i_d, i_r): one pass a block
     for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
         _, start, b = best[key]
-        if b >= 0:
-            stop = min(start + CHUNK, total)
-            a_np = _host_view(a[start:stop])
-            lo, hi = b * BLOCK, min((b + 1) * BLOCK, stop - start)
-            i_d, i_r = _argmax_in(a_np, g[start:stop].numpy(), lo, hi, c[C_EPS_CANN])
-            combined[slot] = start + (i_d if key == "abs" else i_r)
+        if b >= 0:  # only that block is upcast again
+            lo = start + b * BLOCK
+            if lo not in found:
+                hi = min(lo + BLOCK, total)
+                found[lo] = _argmax_in(_host_view(a[lo:hi]), g[lo:hi].numpy(), 0, hi - lo,
+                                       c[C_EPS_CANN])
+            i_d, i_r = found[lo]
+            combined[slot] = lo + (i_d if key == "abs" else i_r)
 
 
 def _hist_dict(counts: np.ndarray) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,6 +34,18 @@ class TensorRef:
     path: str
     dtype: str  # "torch.bfloat16"
     shape: tuple[int, ...]
+    # what dump.json says of its values (Max, Min, Mean, Norm, md5): tensors that differ
+    # here differ in content, so indexing hashes only the calls these cannot tell apart
+    summary: str = field(default="", compare=False)
+
+    @property
+    def exact(self) -> bool:
+        """Its name is its content (a capture's blob): no file needs reading to tell."""
+        return self.path.endswith(".safetensors")
+
+    @property
+    def identity(self) -> str:
+        return Path(self.path).stem if self.exact else self.summary
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -157,6 +169,9 @@ def dump_files(path: str | os.PathLike) -> list[DumpFile]:
     return out
 
 
+_SUMMARY = ("Max", "Min", "Mean", "Norm", "md5")
+
+
 def decode(value: Any, data_dir: str) -> Any:
     """A record's argument as Python values, tensors as TensorRefs."""
     if value is None:
@@ -169,8 +184,10 @@ def decode(value: Any, data_dir: str) -> Any:
             name = value.get("data_name")
             if not name:
                 raise ValueError("a tensor without data_name (a statistics-only record)")
+            summary = "|".join(repr(value.get(k)) for k in _SUMMARY if k in value)
             return TensorRef(os.path.join(data_dir, os.path.basename(str(name))),
-                             str(value.get("dtype")), tuple(int(n) for n in value["shape"]))
+                             str(value.get("dtype")), tuple(int(n) for n in value["shape"]),
+                             summary)
         if kind == "torch.dtype":
             return getattr(torch, str(value.get("value", "")).split(".")[-1], None)
         if kind == "torch.Size":

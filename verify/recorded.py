@@ -9,8 +9,9 @@ judge``); under any other backend the user's kernel runs on the recorded inputs 
 replay). Calls no op binds, calls a binding does not cover and backward records that are
 not what they claim are collected in a NotJudged list, never dropped silently.
 
-Indexing reads dump.json record by record and loads each bound call's input tensors once
-(memory-mapped) to hash them; nothing else is loaded before a case runs.
+Indexing reads dump.json record by record and no tensor data: calls are told apart by
+dump.json's summaries of their tensors, and only calls alike in all of them are hashed.
+A case's golden key holds its inputs' content hash, taken when it loads them to run.
 """
 from __future__ import annotations
 
@@ -57,6 +58,62 @@ class RecordSource:
     same: tuple = ()  # their record names
     dump: str = ""  # the dump.json / calls.jsonl it was read from
     outputs_sha: str = ""  # what the call returned: calls alike in inputs AND outputs are one
+
+    def digest(self, names) -> str:
+        """The golden key's content hash: the op inputs' fingerprint (``names``: the
+        case's inputs), and a backward record's upstream. Taken when the case loads its
+        tensors to run (``inputs``), or from the files when a key is asked for first
+        (a Ray driver grouping goldens)."""
+        if self.error:
+            return ""
+        key = _memo_key(self)
+        if key not in _DIGESTS:
+            args, kwargs = _load(list(self.args)), _load(dict(self.kwargs))
+            ins, _ = bindings.adapt(_binding_of(self), args, kwargs)
+            _remember_digest(self, {n: ins.get(n) for n in names})
+        return _DIGESTS[key]
+
+    def input_refs(self) -> list[md.TensorRef]:
+        return _refs(list(self.args)) + _refs(dict(self.kwargs)) + (
+            _refs(list(self.upstream)) if self.upstream is not None else [])
+
+
+# a record (and its files as they are now) -> the golden key's content hash / the op
+# inputs' fingerprint, once per process (the inputs are hashed once: the fingerprint is
+# the inputs_sha column too)
+_DIGESTS: dict[tuple, str] = {}
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def _memo_key(src: RecordSource) -> tuple:
+    """A record, and its tensor files' sizes and times: a file rewritten in place is
+    hashed again."""
+    stats = []
+    for r in src.input_refs():
+        try:
+            st = os.stat(r.path)
+            stats.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            stats.append(None)
+    return (src.dump, src.record, tuple(stats))
+
+
+def _remember_digest(src: RecordSource, op_inputs: dict) -> None:
+    from .inputs import fingerprint
+    fp = fingerprint(op_inputs)
+    ups = _refs(list(src.upstream)) if src.upstream is not None else []
+    key = _memo_key(src)
+    _FINGERPRINTS[key] = fp
+    _DIGESTS[key] = fp + ("|" + _content_hash(ups) if ups else "")
+
+
+def fingerprint(case: Case) -> str:
+    """The inputs_sha of a recorded case whose inputs were loaded (``inputs``)."""
+    src = case.source
+    key = _memo_key(src)
+    if key not in _FINGERPRINTS:
+        src.digest(tuple(case.input_shapes))
+    return _FINGERPRINTS[key]
 
 
 def is_recorded_source(path: str | os.PathLike) -> bool:
@@ -188,7 +245,7 @@ def _content_hash(refs: list[md.TensorRef]) -> str:
     h = blake3(max_threads=blake3.AUTO)
     for ref in refs:
         h.update(f"{ref.dtype}|{ref.shape}|".encode())
-        if ref.path.endswith(".safetensors"):
+        if ref.exact:
             h.update(Path(ref.path).stem.encode())
             continue
         t = ref.load(mmap=True).contiguous()
@@ -281,7 +338,7 @@ def index(path: str | os.PathLike, ops=None) -> Index:
     calls = _capture_calls(p, not_judged) if capture else _msprobe_calls(p, not_judged)
     kind = "capture" if capture else "msprobe"
     out: list[Case] = []
-    seen: dict[str, int] = {}
+    dedupe = _Dedupe()
     forwards: dict[str, CallRecord] = {}
     n = 0
     for rec in calls:
@@ -309,17 +366,60 @@ def index(path: str | os.PathLike, ops=None) -> Index:
             continue
         # the same inputs and the same outputs: one call judged, counted; the same inputs
         # with other outputs (a nondeterministic kernel) are judged apart
-        key = json.dumps([case.canonical(), case.source.outputs_sha], sort_keys=True,
-                         default=str) if not case.source.error else f"error:{len(out)}"
-        if key in seen:
-            first = out[seen[key]]
-            out[seen[key]] = dataclasses.replace(first, source=dataclasses.replace(
+        j = dedupe.repeats(case, len(out))
+        if j is not None:
+            first = out[j]
+            out[j] = dataclasses.replace(first, source=dataclasses.replace(
                 first.source, calls=first.source.calls + 1,
                 same=first.source.same + (rec.name,)))
             continue
-        seen[key] = len(out)
         out.append(case)
     return Index(_unique_ids(out), not_judged, n, [str(p)])
+
+
+class _Dedupe:
+    """Which earlier case a call repeats: the same case fields and the same tensors by
+    content. dump.json's summaries (Max, Min, Mean, Norm) tell most calls apart without
+    reading a file; only calls alike in all of them are hashed, so an index reads
+    almost no tensor data (a capture's blobs are named by content: never read)."""
+
+    def __init__(self):
+        self._by_key: dict[str, list[int]] = {}
+        self._content: dict[int, str] = {}  # position -> its tensors hashed, once
+        self._cases: dict[int, Case] = {}
+
+    @staticmethod
+    def _refs_of(case: Case) -> list[md.TensorRef]:
+        return case.source.input_refs() + _refs(list(case.source.outputs))
+
+    def _hash(self, position: int) -> str:
+        if position not in self._content:
+            self._content[position] = _content_hash(self._refs_of(self._cases[position]))
+        return self._content[position]
+
+    def _key(self, case: Case, position: int) -> str:
+        refs = self._refs_of(case)
+        if any(not r.identity for r in refs):  # no summaries to go by: the content decides
+            return "content:" + self._hash(position)
+        return json.dumps([case.canonical(contents=False), [(r.dtype, r.shape, r.identity) for r in refs]],
+                          sort_keys=True, default=str)
+
+    def repeats(self, case: Case, position: int) -> int | None:
+        """The position of the case this one repeats, else None (and it is remembered
+        at ``position``)."""
+        if case.source.error:
+            return None
+        self._cases[position] = case
+        key = self._key(case, position)
+        earlier = self._by_key.setdefault(key, [])
+        exact = key.startswith("content:") or all(r.exact for r in self._refs_of(case))
+        for j in earlier:
+            if exact or self._hash(j) == self._hash(position):
+                del self._cases[position]
+                self._content.pop(position, None)
+                return j
+        earlier.append(position)
+        return None
 
 
 def _unique_ids(cases: list[Case]) -> list[Case]:
@@ -415,9 +515,10 @@ def _hashed_case(spec, rec, binding, kind, not_judged, label, inputs, params, mo
     refs = _refs(args) + _refs(kwargs) + (_refs(upstream) if upstream is not None else [])
     missing = _missing(refs + _refs(outputs))
     source = _source(kind, rec, binding, args, kwargs, outputs, upstream=upstream,
-                     error=missing, outputs_sha="" if missing else _content_hash(_refs(outputs)))
-    digest = "" if missing else _content_hash(refs)
-    return _case(spec, rec, binding, inputs, params, mode, digest, source)
+                     error=missing)
+    # the golden key's content hash is taken when the case loads its tensors
+    # (RecordSource.digest), so indexing reads no tensor data
+    return _case(spec, rec, binding, inputs, params, mode, "", source)
 
 
 # -- what this process indexed, for its report --------------------------------------
@@ -430,7 +531,7 @@ def reset() -> None:
     INDEXED.update(records=0, cases=0, calls=0)
 
 
-INDEX_VERSION = "1"  # bump when what an index holds changes
+INDEX_VERSION = "2"  # bump when what an index holds changes
 
 
 def _index_key(path, ops) -> str | None:
@@ -514,9 +615,13 @@ def _load(value):
 
 
 def _binding(case: Case):
-    b = bindings.for_record(case.source.api)
+    return _binding_of(case.source)
+
+
+def _binding_of(src: RecordSource):
+    b = bindings.for_record(src.api)
     if b is None:
-        raise ConfigError(f"{case.source.record}: no op binds {case.source.api} any more")
+        raise ConfigError(f"{src.record}: no op binds {src.api} any more")
     return b
 
 
@@ -533,6 +638,8 @@ def inputs(case: Case) -> dict:
     for name in case.input_shapes:
         v = ins.get(name)
         out[name] = None if v is None else v.detach().to("cpu").contiguous().clone()
+    if _memo_key(src) not in _DIGESTS:  # the golden key's content, hashed once
+        _remember_digest(src, out)
     return out
 
 

@@ -470,7 +470,8 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         case = judged
     try:
         first_inputs = inp.make_inputs(case)
-        base["inputs_sha"] = inp.fingerprint(first_inputs)
+        base["inputs_sha"] = recorded.fingerprint(case) if case.source is not None \
+            else inp.fingerprint(first_inputs)
     except Exception as exc:  # a bad distribution for this dtype, say
         return [_row(base, verdict="ERROR", reason=f"making inputs: {_error_text(exc)}")]
 
@@ -741,7 +742,7 @@ def _apply_compute_floor(row, verdicts, floor_outs, goldens, out_dtype, std, pre
     verdict FAILs only by the error a correct kernel computing in the compute precision
     has too, turn the row into a PASS with a warning that shows both figures."""
     # the floor's own figures need no output floor of their own (one metrics pass)
-    floor_vs = [compare(f, g, dtype=out_dtype, standard=std, floor=False)
+    floor_vs = [compare(f, g, dtype=out_dtype, standard=std, floor=False, plots=False)
                 if f is not None else None for f, g in zip(floor_outs, goldens)]
     last, last_floor = verdicts[-1], floor_vs[-1]
     if last_floor is None:
