@@ -6,6 +6,7 @@ The dumps are made in the msprobe test venv (tests/helpers.msprobe_python: SKIP 
 reason where it cannot be built); capture and the bad inputs need no msprobe.
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -105,6 +106,21 @@ def _bad_silu_and_rms_norm(src: Path, dst: Path) -> set[str]:
         torch.save(fn(args), data / f"{name}.output.0.pt")
         planted.add(name)
     return planted
+
+
+def test_a_mix_level_dump_fills_the_module_column_from_construct_json(tmp_path):
+    python = msprobe_python()
+    out = tmp_path / "mix"
+    out.mkdir()
+    proc = subprocess.run([str(python), str(DATA / "msprobe_tiny_llama.py"), str(out),
+                           "bfloat16"], capture_output=True, text=True, timeout=600, cwd=out,
+                          env={**os.environ, "MSPROBE_LEVEL": "mix"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = verify.judge(out, reports=False)
+    by = {r["record"]: r for r in result.rows}
+    assert all(r["verdict"] == "PASS" for r in result.rows)
+    assert by["Functional.linear.0.forward"]["module"] == "Module.blocks.0.qkv.Linear.forward.0"
+    assert by["Functional.embedding.0.forward"]["module"] == "Module.emb.Embedding.forward.0"
 
 
 def test_a_buggy_kernels_outputs_fail_exactly_those_records(bf16_dump, tmp_path):

@@ -2,8 +2,10 @@
 
 usage: python msprobe_tiny_llama.py DUMP_DIR DTYPE [STEPS] [LAYERS] [DIM] [VOCAB] [SEQ]
 Calls: embedding, rms_norm (registered: msprobe does not wrap F.rms_norm), linear, silu,
-softmax, matmul, cross entropy; forward and backward, task "tensor", level L1.
+softmax, matmul, cross entropy; forward and backward, task "tensor", level L1
+(MSPROBE_LEVEL=mix: with the modules, so construct.json names each call's module).
 """
+import os
 import sys
 
 import torch
@@ -48,11 +50,12 @@ def main():
     from msprobe.pytorch import PrecisionDebugger
     torch.manual_seed(0)
     model = TinyLlama(vocab, d, layers).to(dtype)
-    dbg = PrecisionDebugger(task="tensor", level="L1", dump_path=out)
+    level = os.environ.get("MSPROBE_LEVEL", "L1")  # "mix": modules too (construct.json)
+    dbg = PrecisionDebugger(task="tensor", level=level, dump_path=out)
     PrecisionDebugger.register_custom_api(F, "rms_norm", "Functional")
     for _ in range(steps):
         ids = torch.randint(0, vocab, (2, seq))
-        dbg.start()
+        dbg.start(model if level == "mix" else None)
         logits = model(ids)
         loss = F.cross_entropy(logits.reshape(-1, vocab), ids.reshape(-1))
         loss.backward()
