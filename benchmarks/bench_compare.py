@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from verify import metrics
-from verify.comparison import compare
+from verify.comparator import metrics
+from verify.comparator.comparison import compare
 
 SHAPE = (7168, 4096)
 REPEATS = 7

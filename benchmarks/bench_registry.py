@@ -22,9 +22,9 @@ import httpx
 import torch
 
 import verify
-from verify import registry
-from verify.registry_client import RegistryClient
-from verify.store import GoldenStore
+from verify.specs import registry
+from verify.golden.registry_client import RegistryClient
+from verify.golden.store import GoldenStore
 
 LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "30"))
 CLIENTS = 50

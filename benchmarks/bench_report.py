@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import verify
-from verify import results
+from verify.report import results
 from verify.report import html
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -23,7 +23,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from case_mutations import mutate, random_json  # noqa: E402
 
 import verify.kernels  # noqa: E402,F401
-from verify import cases, deadline  # noqa: E402
+from verify.cases import case as cases
+from verify.running import deadline  # noqa: E402
 from verify.errors import ConfigError  # noqa: E402
 
 LOAD_LIMIT_S = 10

@@ -23,7 +23,7 @@ import torch
 from numba import njit, prange
 from numba.extending import overload
 
-from verify import metrics  # noqa: F401  (sets numba's cache folder before anything compiles)
+from verify.comparator import metrics  # noqa: F401  (sets numba's cache folder before anything compiles)
 
 CHUNK_ELEMENTS = 1 << 20
 FUSED_MIN_ELEMENTS = 1 << 22  # below this the torch path wins: no compile, little data

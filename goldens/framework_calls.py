@@ -16,8 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from verify.bindings import Call, NotCovered, bind
-from verify.registry import InputSpec, OutputSpec, declare_op
+from verify.specs.bindings import Call, NotCovered, bind
+from verify.specs.registry import InputSpec, OutputSpec, declare_op
 
 FLOATS = ["fp32", "fp16", "bf16"]
 

@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from verify.bindings import Call, NotCovered
-from verify.registry import Gradients, InputSpec, OutputSpec, broadcast_length, declare_op
+from verify.specs.bindings import Call, NotCovered
+from verify.specs.registry import Gradients, InputSpec, OutputSpec, broadcast_length, declare_op
 
 FLOATS = ["fp32", "fp16", "bf16"]
 _LAST = lambda main: (main[-1],)  # noqa: E731  a [D] parameter of x [..., D]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from verify.registry import Gradients, InputSpec, OutputSpec, broadcast_length, declare_op
+from verify.specs.registry import Gradients, InputSpec, OutputSpec, broadcast_length, declare_op
 
 FLOATS = ["fp32", "fp16", "bf16"]
 F32 = "fp32"

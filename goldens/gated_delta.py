@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from verify.goldens.fused_training import FLOATS, MIXED, NONE
-from verify.compute_floor import working
-from verify.registry import Gradients, InputSpec, OutputSpec, declare_op
+from verify.golden.compute_floor import working
+from verify.specs.registry import Gradients, InputSpec, OutputSpec, declare_op
 
 SOLVE_TRIL_BLOCKS = (16, 32, 64)
 

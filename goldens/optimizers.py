@@ -11,7 +11,7 @@ import math
 import torch
 from numba.extending import register_jitable
 
-from verify.registry import InputSpec, OutputSpec, declare_op
+from verify.specs.registry import InputSpec, OutputSpec, declare_op
 
 from . import optimizer_checks as checks
 from .chunked import elementwise, row_chunks, sign, sqrt, squared_norm

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from verify.registry import Gradients, InputSpec, OutputSpec, declare_op
+from verify.specs.registry import Gradients, InputSpec, OutputSpec, declare_op
 
 F32 = "fp32"
 FLOATS = ["fp32", "fp16", "bf16"]

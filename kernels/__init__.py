@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-from verify.registry import Backend
+from verify.specs.registry import Backend
 
 
 def _installed(dist: str, extra: str):

@@ -26,7 +26,7 @@ def _from_a_test(fn) -> bool:
 def _snapshot():
     import sys
 
-    from verify import registry
+    from verify.specs import registry
     registry.load_builtin()
     return (set(registry._OPS), {id(k) for k in registry._KERNELS}, set(registry._BACKWARDS),
             set(sys.modules))
@@ -35,7 +35,7 @@ def _snapshot():
 def _restore(snapshot) -> None:
     import sys
 
-    from verify import registry
+    from verify.specs import registry
     ops, kernels, backwards, modules = snapshot
     registry._KERNELS[:] = [k for k in registry._KERNELS
                             if id(k) in kernels or not _from_a_test(k.fn)]

@@ -95,7 +95,7 @@ def put_golden(url, key, data, token, meta='{"op": "t"}', announced=None, params
     """PUT ``data`` as the golden ``key`` (the BLAKE3 digest announced unless given)."""
     import httpx
 
-    from verify.store import hash_bytes
+    from verify.golden.store import hash_bytes
     headers = {"X-Content-BLAKE3": announced or hash_bytes(data), "X-Golden-Meta": meta}
     if token:
         headers["Authorization"] = f"Bearer {token}"

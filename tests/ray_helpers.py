@@ -17,7 +17,7 @@ def hold(resources: str) -> None:
     import logging
     logging.getLogger("ray._private.accelerators.npu").setLevel(logging.CRITICAL)
     import ray
-    from verify.ray_run import parse_spec
+    from verify.running.ray_run import parse_spec
     ray.init(num_cpus=2, resources=parse_spec(f"local:{resources}")["resources"],
              include_dashboard=False, object_store_memory=128 << 20, log_to_driver=False)
     print(ray.get_runtime_context().gcs_address, flush=True)

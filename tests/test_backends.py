@@ -7,8 +7,9 @@ import os
 import pytest
 
 import verify
-from verify import devices, registry
-from verify.results import mutant_summary
+from verify.running import devices
+from verify.specs import registry
+from verify.report.results import mutant_summary
 
 from helpers import run_cli
 
@@ -80,7 +81,7 @@ def test_npu_backend_skips_with_its_reason_and_is_a_usage_error_when_asked(tmp_p
     npu_rows = [r for r in res.rows if r["backend"] == "npu"]
     if importlib.util.find_spec("torch_npu") is None:  # not installed: not run, named once
         assert not npu_rows and res.exit_status == 0
-        from verify import selection
+        from verify.cases import selection
         assert any(line.startswith("npu: torch_npu is not installed")
                    for line in selection.unavailable_backends())
     else:  # installed but no NPU: its rows SKIP with the reason

@@ -15,7 +15,7 @@ from case_mutations import mutate
 from helpers import REPO, run_cli, write_cases
 
 import verify.kernels  # noqa: F401  (the built-in ops the case files name)
-from verify import cases
+from verify.cases import case as cases
 from verify.errors import ConfigError
 
 SEEDS = sorted((REPO / "test_cases").glob("*.json"))
@@ -119,7 +119,7 @@ def test_reports_naming_a_file_is_exit_2_before_the_run(tmp_path):
 
 
 def test_two_runs_never_share_a_run_id(tmp_path):
-    from verify import results
+    from verify.report import results
     first = results.reserve_run_dir(tmp_path, "nightly")
     (first / "results.json").write_text("{}")
     with pytest.raises(ConfigError, match="already holds a run"):
@@ -127,7 +127,7 @@ def test_two_runs_never_share_a_run_id(tmp_path):
 
 
 def test_a_user_kernel_without_backend_cannot_replace_a_built_in_one(tmp_path):
-    from verify import registry
+    from verify.specs import registry
     builtin = [k for k in registry.kernels("lion", ["torch"])]
     assert builtin, "the built-in torch kernel of lion"
     (tmp_path / "mine.py").write_text(
@@ -141,7 +141,7 @@ def test_a_user_kernel_without_backend_cannot_replace_a_built_in_one(tmp_path):
 
 
 def test_a_kernel_exception_with_a_huge_message_is_clipped_in_its_row():
-    from verify import runner
+    from verify.running import runner
     try:
         raise ValueError("x" * (50 << 20))
     except ValueError as exc:
@@ -173,7 +173,7 @@ def test_runs_started_together_with_one_id_claim_the_folder_once(tmp_path):
 def test_reserving_one_id_from_many_threads_gives_it_to_one(tmp_path):
     import threading
 
-    from verify import results
+    from verify.report import results
     won, lost = [], []
 
     def claim():
@@ -202,7 +202,7 @@ def test_reserving_one_id_from_many_threads_gives_it_to_one(tmp_path):
 ])
 def test_values_the_schema_cannot_check_are_usage_errors(tmp_path, entry, words):
     """Before: run-time ERROR rows; now exit 2 naming the file, the case and the field."""
-    from verify.cases import load_file
+    from verify.cases.case import load_file
     from helpers import write_cases
     op = "fused_cross_entropy" if "labels" in str(entry) else "lion"
     path = write_cases(tmp_path / "cases", {"op": op, "levels": {"L0": [

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import verify
-from verify import benchmark as bm
+from verify.comparator import benchmark as bm
 
 
 def _by_hand(actual: torch.Tensor, golden: torch.Tensor, dtype) -> dict:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from verify import cases
+from verify.cases import case as cases
 from verify.errors import CaseFileError, ConfigError
 
 from helpers import write_cases
@@ -112,7 +112,7 @@ def test_defaults_merge_into_cases(tmp_path):
 
 
 def test_shipped_case_files_are_valid_and_cover_every_op():
-    from verify import registry
+    from verify.specs import registry
     all_cases = cases.load_dir(cases.Path(__file__).resolve().parent.parent / "test_cases")
     assert {c.op for c in all_cases} == set(registry.ops())
     for op in registry.ops():

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import verify
-from verify import compute_floor as cfl
+from verify.golden import compute_floor as cfl
 
 from helpers import REPO, write_cases
 
@@ -141,7 +141,7 @@ def test_a_variant_pass_shows_the_exact_golden_error(layer_norm_run):
 
 
 def test_the_terminal_and_report_list_floor_and_variant_passes_apart(layer_norm_run, tmp_path):
-    from verify import results
+    from verify.report import results
     text = results.summary_text(layer_norm_run.rows, width=200)
     assert "passed only by a variant or the compute-precision floor" in text
     block = text.split("passed only by a variant or the compute-precision floor", 1)[1]

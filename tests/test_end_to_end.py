@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 import verify
-from verify import registry, results
+from verify.specs import registry
+from verify.report import results
 
 from helpers import run_cli, write_cases
 

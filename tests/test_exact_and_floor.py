@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import verify
-from verify.dtypes import round_once
+from verify.comparator.metrics import round_once
 
 FORMATS = {torch.float16: (11, -14, 65504.0), torch.bfloat16: (8, -126, 3.3895313892515355e38),
            torch.float32: (24, -126, 3.4028234663852886e38)}
@@ -77,7 +77,7 @@ def test_the_metrics_pass_rounds_the_floor_on_the_fly_like_exact_arithmetic(dtyp
     """The error floor is rounded inside the compiled metrics pass (no tensor of rounded
     values): every value, tie, subnormal and overflow as the rational reference rounds it,
     signed zeros included."""
-    from verify import metrics
+    from verify.comparator import metrics
     rng = np.random.default_rng(7)
     bits, emin, vmax = FORMATS[dtype]
     top = int(math.log2(vmax)) + 2
@@ -165,7 +165,7 @@ def _data_kinds(dtype, rng, n=4096):
 
 
 def test_the_correctly_rounded_golden_passes_every_standard_or_says_why():
-    from verify import standards
+    from verify.comparator import standards
     rng = np.random.default_rng(1)
     tried, silent = 0, []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from verify import golden_version as gv
+from verify.specs import golden_version as gv
 
 HELPERS = '''
 SCALE = 2.0

@@ -1,7 +1,8 @@
 """Inputs are deterministic: same case, bitwise the same tensors, on any machine."""
 import torch
 
-from verify import cases, inputs
+from verify.cases import case as cases
+from verify.specs import inputs
 
 from helpers import write_cases
 

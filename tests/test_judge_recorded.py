@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import verify
-from verify import recorded
+from verify.cases import recorded
 from helpers import REPO, msprobe_python, run_cli
 
 DATA = REPO / "tests" / "data"
@@ -276,7 +276,7 @@ def test_calls_alike_in_summaries_are_told_apart_by_content_and_the_index_reads_
     Max / Min / Mean / Norm (judged apart), a repeated call is counted, and the same
     inputs with other outputs are judged apart; calls with distinct summaries cost no
     file read at all."""
-    from verify import msprobe_dump
+    from verify.cases import msprobe_dump
     d = tmp_path / "dump" / "step0" / "proc1"
     (d / "dump_tensor_data").mkdir(parents=True)
     x = torch.randn(4, 8)

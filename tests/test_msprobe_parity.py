@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import verify
-from verify import benchmark as bm
+from verify.comparator import benchmark as bm
 
 from helpers import msprobe_python as _msprobe_python
 

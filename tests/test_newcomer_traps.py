@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import verify
-from verify import dtypes as dt
-from verify import selection
+from verify.comparator import dtypes as dt
+from verify.comparator import metrics
+from verify.cases import selection
 from verify.errors import ConfigError
 
 KERNELS = '''
@@ -92,7 +93,7 @@ def test_unknown_names_get_did_you_mean_or_the_kernels_hint():
 def test_a_uniform_scale_error_is_not_called_a_conversion():
     g = torch.randn(4096, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     n = 128
-    scaled = dt.round_once(g * (1 - 1 / (2 * n)), torch.bfloat16)   # a 1/(2N) too small
+    scaled = metrics.round_once(g * (1 - 1 / (2 * n)), torch.bfloat16)   # a 1/(2N) too small
     v = verify.compare(scaled, g, dtype="bf16", standard="cann_v1")
     assert "not a conversion" in v.warning and "truncating" not in v.warning
     f32 = g.to(torch.float32)
@@ -117,7 +118,7 @@ def test_a_wrong_registry_token_is_one_line_with_the_hint(tmp_path, monkeypatch)
 
 
 def test_the_report_shows_the_command_as_typed(monkeypatch):
-    from verify import results
+    from verify.report import results
     monkeypatch.delenv("VERIFY_COMMAND", raising=False)
     site = "/venv/lib/python3.11/site-packages/verify/cli.py"
     assert results.command_line([site, "run", "--level", "L0", "--op", "a b"]) == \
@@ -130,7 +131,7 @@ def test_the_report_shows_the_command_as_typed(monkeypatch):
 
 
 def test_the_report_opens_with_a_verdict_per_kernel(newcomer, tmp_path):
-    from verify import results
+    from verify.report import results
     results.write(newcomer[0].rows, tmp_path, {"run_id": "x", "level": "L0"})
     html = (tmp_path / "report.html").read_text()
     top = html.index('id="kernel-verdicts"')
@@ -145,7 +146,7 @@ def test_the_report_opens_with_a_verdict_per_kernel(newcomer, tmp_path):
 
 
 def test_rows_that_did_not_pass_are_one_line_each_at_the_terminals_width(newcomer):
-    from verify import results
+    from verify.report import results
     rows = [r for r in newcomer[0].rows if r["verdict"] in ("FAIL", "ERROR")]
     assert rows
     for width in (80, 120, 200):

@@ -32,7 +32,8 @@ def test_each_worker_gets_its_share_of_the_cores(tmp_path):
 
 
 def test_golden_versions_read_each_piece_of_code_once():
-    from verify import golden_version, registry
+    from verify.specs import golden_version
+    from verify.specs import registry
     import verify.kernels  # noqa: F401
     golden_version._source.cache_clear()
     for name in registry.ops()[:6]:
@@ -46,7 +47,7 @@ def test_golden_versions_read_each_piece_of_code_once():
 
 def test_a_rebuilt_report_reuses_its_figures(tmp_path, monkeypatch):
     import verify
-    from verify import results
+    from verify.report import results
     from verify.report import plots
     run = verify.run(level="L0", ops=["lion"], dtypes=["fp32"], backends=["torch"],
                      reports=tmp_path, run_id="r", store=str(tmp_path / "s"))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import verify
-from verify import registry_records as rr
-from verify.registry_client import DISPUTED_HEADER, RegistryClient
-from verify.store import GoldenStore
+from verify.golden import registry_records as rr
+from verify.golden.registry_client import DISPUTED_HEADER, RegistryClient
+from verify.golden.store import GoldenStore
 
 from helpers import Service, run_cli
 
@@ -141,7 +141,8 @@ def test_records_the_registry_can_see_are_wrong_are_refused_at_put(tmp_path):
 
 
 def test_the_cheapest_case_of_each_op_and_dtype_is_the_one_always_checked(tmp_path):
-    from verify import golden_source, selection
+    from verify.golden import source as golden_source
+    from verify.cases import selection
     plan = selection.build(selection.Selection(level="L0", ops=["lion"], backends=["torch"]))
     resolver = golden_source.GoldenResolver(None, verify_fetched=0.01)
     resolver.designate(c for c, _ in plan.items)

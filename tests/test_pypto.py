@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from verify import registry
+from verify.specs import registry
 
 from helpers import REPO, run_cli, write_cases
 

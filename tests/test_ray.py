@@ -77,7 +77,7 @@ def test_goldens_travel_through_the_registry_between_stores(tmp_path, cluster):
     another (empty) store fetches every golden from it instead of computing it."""
     from helpers import Service
 
-    from verify.registry_client import RegistryClient
+    from verify.golden.registry_client import RegistryClient
     service = Service(tmp_path / "registry-store", token=REGISTRY_TOKEN)
     try:
         for run_id in ("first", "second"):

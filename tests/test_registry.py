@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import verify
-from verify.store import GoldenStore, hash_bytes
+from verify.golden.store import GoldenStore, hash_bytes
 
 from helpers import REPO, Service, golden_blob, put_golden, run_cli, write_cases
 
@@ -279,7 +279,7 @@ def test_golden_commands(tmp_path):
 def test_a_changed_golden_is_a_new_key():
     import dataclasses
     spec = verify.op("lion")
-    from verify import cases as case_mod
+    from verify.cases import case as case_mod
     case = next(c for c in case_mod.load_dir(REPO / "test_cases", ["lion"]))
     bumped = dataclasses.replace(spec, version="v2-explicit")
     assert case.golden_key(spec.golden_version) != case.golden_key(bumped.golden_version)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 import verify
-from verify.store import GoldenStore
+from verify.golden.store import GoldenStore
 
 from helpers import Service, golden_blob, put_golden, run_cli
 

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import verify
-from verify import results
+from verify.report import results
 from verify.report import html
 
 from helpers import REPO, run_cli
@@ -179,7 +179,7 @@ def test_progress_lines_under_xdist(tmp_path):
 
 def test_heat_map_points_at_a_tail_tile_bug():
     import torch
-    from verify import plotdata
+    from verify.comparator import plotdata
     gen = torch.Generator().manual_seed(3)
     golden = torch.randn(64, 1100, generator=gen, dtype=torch.float64)
     actual = golden.float()

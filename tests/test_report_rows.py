@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from verify import cases, registry, results, runner
+from verify.cases import case as cases
+from verify.specs import registry
+from verify.report import results
+from verify.running import runner
 
 from helpers import run_cli, write_cases
 
@@ -93,7 +96,7 @@ def every_kind(tmp_path_factory, module_registrations):
     pick(user_cases["s"], by_name["raises"], "ERROR")
     pick(user_cases["s"], by_name["offline"], "SKIP")
     pick(user_cases["empty"], by_name["argmax_ok"], "PASS", "y")       # empty tensors
-    builtin = {c.op: c for c in cases.load_dir(cases.Path(cases.__file__).parent.parent /
+    builtin = {c.op: c for c in cases.load_dir(cases.Path(cases.__file__).parents[2] /
                                                 "test_cases", ["rmsnorm_without_weight",
                                                                "moe_routing"])
                if c.level == "L0" and not c.expect_error and c.dtype == "fp32"}
@@ -143,11 +146,11 @@ def test_skip_is_never_a_failure_colour(every_kind):
 
 def _histogram_by_torch(actual, golden, dtype):
     """The report's histogram computed the straightforward way, tensor op by tensor op."""
-    from verify import dtypes as dt
-    from verify import plotdata as p
+    from verify.comparator import metrics
+    from verify.comparator import plotdata as p
     g = golden.to(torch.float64).reshape(-1)
     out = {}
-    for name, a in (("actual", actual.reshape(-1)), ("floor", dt.round_once(g, dtype))):
+    for name, a in (("actual", actual.reshape(-1)), ("floor", metrics.round_once(g, dtype))):
         a64 = a.to(torch.float64)
         err = (a64 - g).abs() / (g.abs() + 1e-7)
         bad = (a64.isnan() != g.isnan()) | ((a64.isinf() | g.isinf()) & (a64 != g))
@@ -163,7 +166,7 @@ def _histogram_by_torch(actual, golden, dtype):
 
 
 def test_the_compiled_histogram_gives_the_same_figures():
-    from verify import plotdata
+    from verify.comparator import plotdata
     gen = torch.Generator().manual_seed(4)
     g = torch.randn(300_000, generator=gen, dtype=torch.float64)
     g[:50], g[50:60], g[60:100] = float("nan"), float("inf"), 0.0
@@ -178,7 +181,8 @@ def test_histogram_bins_hold_at_their_edges():
     of every bin edge land where floor((log10(rel) + 12) * 4) puts them."""
     import math
 
-    from verify import metrics, plotdata
+    from verify.comparator import metrics
+    from verify.comparator import plotdata
     rels = []
     for k in range(len(plotdata.EDGES)):
         edge = 10.0 ** plotdata.EDGES[k]
@@ -212,7 +216,8 @@ def test_histogram_bins_hold_at_their_edges():
 
 
 def test_every_float_output_gets_its_histogram_from_the_metrics_pass():
-    from verify import comparison, plotdata
+    from verify.comparator import comparison
+    from verify.comparator import plotdata
     gen = torch.Generator().manual_seed(5)
     g = torch.randn(3000, generator=gen, dtype=torch.float64)
     a = (g * (1 + 1e-2 * torch.randn(g.shape, generator=gen, dtype=torch.float64))).bfloat16()
@@ -228,7 +233,8 @@ def test_heat_map_comes_from_the_metrics_pass(shape):
     binned): wide rows (a vectorised max per window), narrow ones (column maxima per row
     bin), windows that overlap (32 not dividing the columns), rows split across the pass's
     blocks and chunks, misplaced and matching NaN / Inf, both measures."""
-    from verify import comparison, plotdata
+    from verify.comparator import comparison
+    from verify.comparator import plotdata
     gen = torch.Generator().manual_seed(sum(shape))
     g = torch.randn(shape, generator=gen, dtype=torch.float64)
     a = (g * (1 + 1e-3 * torch.randn(shape, generator=gen, dtype=torch.float64))).float()
@@ -251,7 +257,7 @@ def test_heat_map_comes_from_the_metrics_pass(shape):
 def test_heat_map_values_keep_three_significant_digits():
     """The vectorised rounding of the heat map's cells gives float(f"{v:.3g}") for every
     value: ties, powers of ten, beyond the exact powers, subnormals, zero, inf, NaN."""
-    from verify.histbins import three_digits
+    from verify.comparator.histbins import three_digits
     rng = np.random.default_rng(0)
     v = np.abs(rng.standard_normal((300, 64))) * 10.0 ** rng.uniform(-40, 40, (300, 64))
     v[0, :14] = [0, 1e300, 1e-300, 5e-324, 123.5, np.inf, np.nan, 1.235, 0.1235, 1e-7, 1e7,

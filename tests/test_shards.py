@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verify import shards
+from verify.cases import shards
 from verify.errors import ConfigError
 
 from helpers import run_cli

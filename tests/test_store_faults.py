@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import verify
-from verify import store as store_mod
-from verify.store import GoldenStore
+from verify.golden import store as store_mod
+from verify.golden.store import GoldenStore
 
 from helpers import REPO, run_cli
 
@@ -128,7 +128,7 @@ def test_warnings_reach_the_summary_and_the_report_past_log_capture(tmp_path):
 def test_check_finds_an_index_row_pointing_at_another_keys_blob(tmp_path):
     import torch
 
-    from verify.store import GoldenStore
+    from verify.golden.store import GoldenStore
     store = GoldenStore(tmp_path / "s")
     a, b = "a" * 64, "b" * 64
     store.put_tensors(a, {"x": torch.zeros(3, dtype=torch.float64)}, {"op": "t"})
@@ -143,7 +143,7 @@ def test_gc_removes_partial_writes_of_killed_writers_at_once(tmp_path):
     import subprocess
     import sys
 
-    from verify.store import GoldenStore
+    from verify.golden.store import GoldenStore
     store = GoldenStore(tmp_path / "s")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()

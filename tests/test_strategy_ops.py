@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import verify
-from verify import strategies
-from verify.comparison import compare_topk
+from verify.running import strategies
+from verify.comparator.comparison import compare_topk
 
 D64 = torch.float64
 

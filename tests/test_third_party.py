@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import verify
-from verify import inputs, selection, standards
+from verify.specs import inputs
+from verify.cases import selection
+from verify.comparator import standards
 
 from helpers import write_cases
 
@@ -67,7 +69,7 @@ def test_explicit_values_take_a_shape(tmp_path):
         "inputs": {"cos": {"dist": "given", "values": [[1, 0.5, 1, 0.5], [0, 1, 0, 1]]},
                    "sin": {"dist": "given", "values": [0, 0.5, 0, 0.5, 1, 0, 1, 0],
                            "shape": [2, 4]}}}]}}
-    from verify import cases
+    from verify.cases import case as cases
     path = write_cases(tmp_path, doc)
     case = cases.load_file(path)[0]
     made = inputs.make_inputs(case)
@@ -215,7 +217,7 @@ def test_kernel_capabilities_make_skip_rows_not_errors(tmp_path):
     rms = [r for r in rows if r["op"] == "rmsnorm_without_weight" and r["dtype"] != "fp32"]
     assert rms and all(r["verdict"] == "SKIP" and "only fp32 inputs" in r["reason"]
                        for r in rms)
-    from verify import registry
+    from verify.specs import registry
     backend = registry.backend("capable")
     assert backend.max_elements == 10_000 and backend.versions() == {"mylib": "1.2"}
 
@@ -257,7 +259,7 @@ def rope_in_input_dtype(x, cos, sin, *, layout):
 
 
 def test_the_triton_interpreter_defects_are_named_on_the_rows_they_touch(tmp_path):
-    from verify import triton_probe
+    from verify.running import triton_probe
     if not triton_probe.interpreted():
         pytest.skip("Triton runs compiled here: no interpreter to probe")
     pytest.importorskip("triton")

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import verify
-from verify import registry
+from verify.specs import registry
 
 from helpers import REPO, run_cli
 
@@ -181,7 +181,7 @@ def test_help_answers_without_importing_torch():
 
 
 def test_one_store_per_user_and_reading_commands_never_create_one(tmp_path, monkeypatch):
-    from verify.store import default_store_dir
+    from verify.golden.store import default_store_dir
     monkeypatch.delenv("VERIFY_STORE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert default_store_dir() == str(tmp_path / "cache" / "kernel-verify" / "goldens")

@@ -24,7 +24,7 @@ import importlib
 import os as _os
 
 # ``-p verify`` registers this module as a pytest plugin; pytest then loads the real one.
-pytest_plugins = ["verify.pytest_plugin"]
+pytest_plugins = ["verify.running.pytest_plugin"]
 
 # In a source checkout the built-in op pack sits beside this package (goldens/, kernels/,
 # test_cases/); installed, it lives under verify/. A bare checkout resolves the same names.
@@ -35,24 +35,31 @@ if not _os.path.isdir(_os.path.join(_HERE, "goldens")) and all(
     __path__.append(_ROOT)  # noqa: F821  (a package's __path__)
 
 _EXPORTS = {
-    "run": "api", "RunResult": "api",
-    "compare": "comparison", "Verdict": "comparison",
+    "run": "api", "RunResult": "api", "judge": "api",
+    "compare": "comparator.comparison", "Verdict": "comparator.comparison",
     "ConfigError": "errors", "CaseFileError": "errors", "Unsupported": "errors",
-    "ops": "registry", "op": "registry", "kernel": "registry", "backward_kernel": "registry",
-    "declare_op": "registry", "InputSpec": "registry", "OutputSpec": "registry",
-    "Gradients": "registry", "broadcast_length": "registry", "WORKING": "registry",
-    "Backend": "registry", "register_backend": "registry", "backend": "registry",
-    "working": "compute_floor",
-    "Call": "bindings", "NotCovered": "bindings", "bind": "bindings",
-    "judge": "judge_records", "capture": "capture_calls", "CaptureLimit": "capture_calls",
+    "ops": "specs.registry", "op": "specs.registry", "kernel": "specs.registry",
+    "backward_kernel": "specs.registry", "declare_op": "specs.registry",
+    "InputSpec": "specs.registry", "OutputSpec": "specs.registry", "Gradients": "specs.registry",
+    "broadcast_length": "specs.registry", "WORKING": "specs.registry",
+    "Backend": "specs.registry", "register_backend": "specs.registry", "backend": "specs.registry",
+    "working": "golden.compute_floor",
+    "Call": "specs.calls", "NotCovered": "specs.calls", "bind": "specs.calls",
+    "capture": "cases.capture", "CaptureLimit": "cases.capture",
 }
 
 __all__ = sorted(_EXPORTS)
+
+from verify import _moved  # noqa: E402  (the old import paths, with a deprecation warning)
+
+_moved.install()
 
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
+        if name in _moved.MOVED:  # an old flat-layout module: verify/_moved.py
+            return _moved.attribute(name)
         raise AttributeError(f"module 'verify' has no attribute '{name}'")
     attr = "declare_backend" if name == "backend" else name  # verify.backend(...) declares
     value = getattr(importlib.import_module(f"verify.{module}"), attr)

@@ -11,10 +11,17 @@ from typing import Sequence
 
 import pandas as pd
 
-from . import deadline, golden_source, notices, recorded, results, runner, selection, shards
-from .store import close_all as close_store_connections
-from .ray_tasks import NodeContext
-from .errors import ConfigError
+from verify.running import deadline
+from verify.running import runner
+from verify.golden import source as golden_source
+from verify import notices
+from verify.cases import recorded
+from verify.cases import selection
+from verify.cases import shards
+from verify.report import results
+from verify.golden.store import close_all as close_store_connections
+from verify.running.ray_tasks import NodeContext
+from verify.errors import ConfigError
 
 
 @dataclass
@@ -101,7 +108,7 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
     repeats = selection.check_count(time, "time")
     retries = selection.check_count(retries, "retries", most=100)
     if ray is not None:
-        from . import ray_run
+        from verify.running import ray_run
         ray_run.prepare(ray)  # a bad spec or a missing extra: a usage error before anything
     run_dir = None if reports is False else results.reserve_run_dir(reports or None, run_id)
     notices.drain()  # warnings of an earlier run in this process are not this run's
@@ -153,3 +160,25 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
             "selection": selection_id, "shard": shard, "harness": shards.harness_id(),
             **recorded.report_meta(), **meta})
     return RunResult(rows, run_dir, warnings, recorded.report_meta().get("recorded"))
+
+
+def judge(path: str | os.PathLike, *, ops: Sequence[str] | None = None,
+          kernels: Sequence[str] = (), reports=None, run_id: str | None = None,
+          store: str | None = None, registry: str | None = None,
+          registry_required: bool = False, case_timeout: float | None = None,
+          ray: str | None = None, shard: str | None = None,
+          verify_fetched: float | None = None) -> RunResult:
+    """Judge every recorded call of a bound API in ``path`` (a dump's root, a step / rank
+    / proc folder, a dump.json, or a verify.capture folder); the RunResult's
+    ``not_judged`` lists the records that were not, by API with counts and reasons.
+    ``kernels``: your modules declaring ops with ``calls=`` bindings."""
+    if not recorded.is_recorded_source(path):
+        if not os.path.exists(path):
+            raise ConfigError(f"{path}: no such file or folder")
+        raise ConfigError(f"{path}: neither an msprobe dump (no dump.json below it) nor a "
+                          f"verify.capture folder (no {recorded.CAPTURE_INDEX})")
+    return run(level="all", ops=ops, backends=[recorded.BACKEND], cases=str(path),
+                   kernels=kernels, reports=reports, run_id=run_id, store=store,
+                   registry=registry, registry_required=registry_required,
+                   case_timeout=case_timeout, ray=ray, shard=shard,
+                   verify_fetched=verify_fetched)

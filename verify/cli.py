@@ -14,7 +14,7 @@ import os
 import shlex
 import sys
 
-from .errors import ConfigError
+from verify.errors import FINISHED_ENV, ConfigError, mark_finished
 
 # Heavy modules (torch, pandas, the op pack) are imported by the commands that need them,
 # so `verify --help` answers at once.
@@ -66,7 +66,7 @@ def _retries(text: str) -> int:
 
 
 def _shard(text: str) -> str:
-    from .shards import parse
+    from verify.cases.shards import parse
     try:
         i, n = parse(text)
     except ConfigError as exc:
@@ -75,7 +75,7 @@ def _shard(text: str) -> str:
 
 
 def _seconds(text: str) -> float:
-    from .deadline import check_seconds
+    from verify.running.deadline import check_seconds
     try:
         return check_seconds(text, "seconds")
     except ConfigError as exc:
@@ -264,7 +264,7 @@ def _pytest_args(a) -> list[str]:
     # installed plugins (hypothesis, anyio, ...) cost start-up and per-test hooks in every
     # worker. Assertion rewriting, log capture and the unraisable-exception plugin (two
     # full garbage collections at exit) serve test suites, not a verify run.
-    args = ["-p", "verify.pytest_plugin", "-p", "xdist", "-p", "no:cacheprovider",
+    args = ["-p", "verify.running.pytest_plugin", "-p", "xdist", "-p", "no:cacheprovider",
             "-p", "no:logging", "-p", "no:unraisableexception", "-p", "no:threadexception",
             "--assert=plain", f"--rootdir={os.getcwd()}", "--cases-only",
             f"--level={a.level}"]
@@ -297,13 +297,13 @@ def _pytest_args(a) -> list[str]:
 
 
 def cmd_run(a) -> int:
-    from . import selection
+    from verify.cases import selection
     selection.check_keyword(a.keyword)  # exit 2 before any folder or worker exists
     if a.ray is not None:
         return _run_on_ray(a)
     import pytest
 
-    from . import selection
+    from verify.cases import selection
 
     sel = selection.Selection(level=a.level, cases_dir=a.cases, ops=a.op or None,
                               dtypes=a.dtype or None, backends=a.backend or None,
@@ -322,7 +322,7 @@ def cmd_run(a) -> int:
 
 def _run_on_ray(a) -> int:
     """``verify run --ray``: the selection as Ray tasks; the same reports and exit codes."""
-    from . import ray_run
+    from verify.running import ray_run
     if a.workers is not None:
         raise ConfigError("-n and --ray do not go together: under --ray, Ray places each "
                           "case on a device of the cluster (use -n without --ray on one "
@@ -330,7 +330,8 @@ def _run_on_ray(a) -> int:
     if a.keyword:
         raise ConfigError("-k is pytest's item filter and does not apply under --ray; "
                           "select with --op, --dtype, --backend and --level")
-    from . import api, results
+    from verify import api
+    from verify.report import results
     try:
         result = api.run(level=a.level, ops=a.op or None, backends=a.backend or None,
                          dtypes=a.dtype or None, cases=a.cases, kernels=a.kernels,
@@ -352,7 +353,7 @@ def _run_on_ray(a) -> int:
 
 def cmd_judge(a) -> int:
     """``verify judge PATH``: verify run on the recorded calls, their outputs the kernel."""
-    from . import recorded
+    from verify.cases import recorded
     if not recorded.is_recorded_source(a.path):
         if not os.path.exists(a.path):
             raise ConfigError(f"{a.path}: no such file or folder")
@@ -365,13 +366,14 @@ def cmd_judge(a) -> int:
 
 
 def cmd_ops(a) -> int:
-    from . import oplist, registry
+    from verify.specs import oplist
+    from verify.specs import registry
 
     for module in a.kernels:
         registry.load_user_module(module)
     registry.load_backends()  # show the kernels of every backend that can run here
     if a.op:
-        from . import selection
+        from verify.cases import selection
         names = selection.expand_op_names(a.op)
         print("\n\n".join(oplist.describe(registry.op(n)) for n in names))
         return 0
@@ -382,12 +384,12 @@ def cmd_ops(a) -> int:
 
 def cmd_serve(a) -> int:
     try:
-        from .service import serve
+        from verify.golden.service import serve
     except ImportError as exc:
         raise ConfigError(f"verify serve needs the registry extra ({exc.name} is missing): "
                           f"pip install 'kernel-verify[registry]'") from None
-    from .service import Tokens, read_token
-    from .store import default_store_dir
+    from verify.golden.service import Tokens, read_token
+    from verify.golden.store import default_store_dir
 
     if a.token is not None:
         raise ConfigError("--token is not taken: a token on the command line is visible in "
@@ -407,9 +409,9 @@ def cmd_serve(a) -> int:
 
 
 def cmd_merge(a) -> int:
-    from . import results, shards
+    from verify.report import merge, results
 
-    rows, meta = shards.merge(a.run_dirs, a.out)
+    rows, meta = merge.merge(a.run_dirs, a.out)
     run_dir = results.write(rows, a.out, meta)
     print(results.summary_text(rows, run_dir, width=_width(), recorded=meta.get("recorded")),
           end="")
@@ -418,7 +420,7 @@ def cmd_merge(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from . import results
+    from verify.report import results
 
     rows, meta = results.load(a.run_dir)
     results.write_views(rows, a.run_dir, meta)
@@ -430,7 +432,7 @@ def cmd_report(a) -> int:
 def cmd_diff(a) -> int:
     from pathlib import Path
 
-    from .report import rundiff
+    from verify.report import rundiff
 
     d = rundiff.compare_runs(a.run_a, a.run_b, a.factor)
     print(rundiff.terminal(d, width=_width()), end="")
@@ -445,7 +447,10 @@ def cmd_strategies(a) -> int:
 
     import pandas as pd
 
-    from . import registry, results, selection, strategies
+    from verify.specs import registry
+    from verify.report import results
+    from verify.cases import selection
+    from verify.running import strategies
 
     for module in a.kernels:
         registry.load_user_module(module)
@@ -482,8 +487,9 @@ def cmd_golden(a) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from . import selection
-    from .store import GoldenStore, default_store_dir, existing_store_dir
+    from verify.cases import selection
+    from verify.golden import compute_floor
+    from verify.golden.store import GoldenStore, default_store_dir, existing_store_dir
 
     console = Console(highlight=False)
     if a.golden_command == "warm":
@@ -516,7 +522,7 @@ def cmd_golden(a) -> int:
         return 1 if bad else 0
     if a.golden_command == "gc":
         store = GoldenStore(store_dir)
-        live = selection.live_golden_keys(a.cases or selection.default_case_sources())
+        live = compute_floor.live_golden_keys(a.cases or selection.default_case_sources())
         result = store.gc(live)
         console.print(f"removed {result['entries_removed']} goldens no case refers to, "
                       f"freed {_human(result['bytes_freed'])}; {store.stats()['goldens']} kept")
@@ -527,8 +533,9 @@ def cmd_golden(a) -> int:
 def _audit(a, console) -> int:
     from rich.table import Table
 
-    from . import audit, registry
-    from .store import GoldenStore, existing_store_dir
+    from verify.golden import audit
+    from verify.specs import registry
+    from verify.golden.store import GoldenStore, existing_store_dir
 
     for module in a.kernels:
         registry.load_user_module(module)
@@ -560,8 +567,8 @@ def _audit(a, console) -> int:
 
 
 def _resolve(a, console) -> int:
-    from .registry_client import RegistryClient, RegistryUnavailable
-    from .store import valid_key
+    from verify.golden.registry_client import RegistryClient, RegistryUnavailable
+    from verify.golden.store import valid_key
     url = a.registry or os.environ.get("VERIFY_REGISTRY")
     if not url:
         raise ConfigError("verify golden resolve needs --registry URL (or VERIFY_REGISTRY)")
@@ -586,7 +593,9 @@ def _warm(a, store_dir: str, console) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn)
 
-    from . import golden_source, registry, selection
+    from verify.golden import source as golden_source
+    from verify.specs import registry
+    from verify.cases import selection
 
     cases = selection.select_cases(selection.Selection(
         level=a.level, cases_dir=a.cases, ops=a.op or None, dtypes=a.dtype or None))
@@ -637,21 +646,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         logging.shutdown()
-        from .store import close_all
+        from verify.golden.store import close_all
         close_all()
         os._exit(code)
     return code
-
-
-FINISHED_ENV = "VERIFY_FINISHED_FILE"
-
-
-def mark_finished(code: int) -> None:
-    """Tell a guarding parent (below) that this run ended through our own code."""
-    path = os.environ.get(FINISHED_ENV)
-    if path:
-        with open(path, "w") as f:
-            f.write(str(code))
 
 
 def _guarded(argv: list[str]) -> int:
@@ -666,7 +664,7 @@ def _guarded(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="verify-run-") as tmp:
         marker = os.path.join(tmp, "finished")
         env = {**os.environ, FINISHED_ENV: marker}
-        from .isolation import die_with_parent
+        from verify.running.isolation import die_with_parent
         child = subprocess.Popen([sys.executable, "-m", "verify.cli", *argv], env=env,
                                  preexec_fn=die_with_parent)  # SIGKILL here ends it too
 

@@ -5,6 +5,8 @@ unknown op. Anything a kernel raises is not an error of the run: it becomes an E
 """
 from __future__ import annotations
 
+import os
+
 
 class ConfigError(Exception):
     """A usage or configuration error; the run exits with status 2."""
@@ -45,3 +47,16 @@ def unknown_name(kind: str, name: str, known, flag: str = "") -> str:
         hint = (f"no {kind} of that name is declared here: is it declared in a --kernels "
                 f"module (or an op pack) that this run does not load?")
     return f"unknown {kind} '{name}'{where}: {hint} Known {kind}s: {', '.join(known)}"
+
+
+# -- how a run ends: a guarding parent process reads this (verify/cli.py) ----------
+FINISHED_ENV = "VERIFY_FINISHED_FILE"
+
+
+def mark_finished(code: int) -> None:
+    """Tell a guarding parent (verify/cli.py _guarded) that this run ended through
+    our own code."""
+    path = os.environ.get(FINISHED_ENV)
+    if path:
+        with open(path, "w") as f:
+            f.write(str(code))

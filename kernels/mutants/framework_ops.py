@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from verify.kernels.torch import framework_ops as good
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 

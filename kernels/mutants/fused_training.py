@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from verify.goldens import fused_training as gold
 from verify.kernels.torch import fused_training as good
-from verify.registry import backward_kernel, kernel
+from verify.specs.registry import backward_kernel, kernel
 
 F32, BF16 = torch.float32, torch.bfloat16
 

@@ -6,7 +6,7 @@ import torch
 
 from verify.goldens import gated_delta as gold
 from verify.kernels.torch import gated_delta as good
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 

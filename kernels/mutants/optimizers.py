@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 BF16 = torch.bfloat16

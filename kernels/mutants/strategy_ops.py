@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from verify.kernels.torch import strategy_ops as good
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 

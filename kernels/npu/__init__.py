@@ -6,7 +6,7 @@ Nothing here pretends to run when it did not.
 """
 from __future__ import annotations
 
-from verify.registry import Backend, register_backend
+from verify.specs.registry import Backend, register_backend
 
 try:
     import torch

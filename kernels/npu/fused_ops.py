@@ -3,7 +3,7 @@ torch_npu documentation (op-plugin docs and tests); they run only on an NPU."""
 from __future__ import annotations
 
 from verify.goldens import optimizer_checks as checks
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 from . import torch_npu
 

@@ -14,7 +14,7 @@ import importlib.util
 import shutil
 from importlib import metadata
 
-from verify.registry import Backend, register_backend
+from verify.specs.registry import Backend, register_backend
 
 from ._internals import PINNED
 

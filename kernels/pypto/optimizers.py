@@ -12,8 +12,8 @@ import torch
 
 import verify
 from verify.goldens import optimizer_checks as checks
-from verify import runner
-from verify.registry import kernel
+from verify.running import runner
+from verify.specs.registry import kernel
 
 from ._internals import aicore_time
 

@@ -11,7 +11,7 @@ import torch
 from verify.goldens import strategy_ops as g
 from verify.kernels.torch import gated_delta as gdr
 from verify.kernels.torch import strategy_ops as base
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32, BF16 = torch.float32, torch.bfloat16
 

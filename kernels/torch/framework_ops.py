@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 

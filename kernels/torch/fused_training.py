@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from verify.goldens import fused_training as gold
-from verify.registry import backward_kernel, kernel
+from verify.specs.registry import backward_kernel, kernel
 
 F32 = torch.float32
 

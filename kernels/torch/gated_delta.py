@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from verify.goldens import gated_delta as gold
-from verify import dtypes as dt
-from verify.registry import kernel
+from verify.comparator import dtypes as dt
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 EXP_CLAMP = (None, 0.0)      # overflow guard: g_i - g_j <= 0 below the diagonal

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from verify.goldens import optimizer_checks as checks
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from verify.goldens import strategy_ops as g
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 F32 = torch.float32
 

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from verify.registry import Backend, register_backend
+from verify.specs.registry import Backend, register_backend
 
 INTERPRETER_MAX_ELEMENTS = 1 << 21  # ~2M elements: seconds per case in the interpreter
 
@@ -41,7 +41,7 @@ def _check() -> tuple[bool, str]:
 
 
 def _versions() -> dict:
-    from verify import triton_probe
+    from verify.running import triton_probe
     out = {"triton": getattr(triton, "__version__", "not installed"),
            "mode": "interpreter" if INTERPRETED else "compiled"}
     if INTERPRETED and triton is not None:

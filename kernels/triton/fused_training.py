@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from verify.goldens import fused_training as gold
-from verify.registry import backward_kernel, kernel
+from verify.specs.registry import backward_kernel, kernel
 
 from . import IMPORT_ERROR, block_size, triton
 

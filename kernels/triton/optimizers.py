@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from verify.goldens import optimizer_checks as checks
-from verify.registry import kernel
+from verify.specs.registry import kernel
 
 from . import IMPORT_ERROR, block_size, triton
 

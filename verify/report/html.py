@@ -12,8 +12,8 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..results import VERDICTS, complete_rows, counts, mutant_summary, passed_by_other
-from . import plots
+from verify.report.rows import VERDICTS, complete_rows, counts, mutant_summary, passed_by_other
+from verify.report import plots
 
 MAX_FAILING_DETAILS = 24
 MAX_WORST_PASSING = 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ..results import counts, mutant_summary
+from verify.report.rows import counts, mutant_summary
 
 
 def build(rows: list[dict]) -> ET.ElementTree:

@@ -15,8 +15,8 @@ import os
 from html import escape
 from pathlib import Path
 
-from ..dtype_traits import NAME_ALIASES, TRAITS_BY_NAME
-from ..histbins import EDGES
+from verify.comparator.dtype_traits import NAME_ALIASES, TRAITS_BY_NAME
+from verify.comparator.histbins import EDGES
 
 H = 250  # px, every panel
 WIDTHS = {"hist": 500, "heat": 400, "steps": 400}

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..results import load, mutant_summary
-from .html import fmt, kernel_label, num
+from verify.report.results import load
+from verify.report.rows import mutant_summary
+from verify.report.html import fmt, kernel_label, num
 
 KEY = ("op", "level", "case_id", "backend", "kernel", "output")
 WATCHED = ("mere", "mare", "max_abs", "rmse", "ulp_mean")

@@ -1,0 +1,826 @@
+"""All precision metrics of one output in a single streaming pass.
+
+The pass walks (actual, golden) in fixed blocks of 64Ki elements; a compiled block
+function (numba) accumulates every counter and sum that the standards need, blocks run in
+parallel, and the per-block partial results are combined in block order. Fixed blocks make
+the figures independent of thread count and chunking, and nothing of tensor size is
+allocated beyond one chunk of the upcast actual. The report's plot data comes from the
+same pass: each element's errors are kept while its block is in cache, for the histogram
+(binned without a logarithm) and the heat map (cell maxima).
+
+Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
+- mere / mare: mean / max of d / (|g| + 1e-7) (CANN v1)
+- max_rel: max of d / |g| over g != 0 (inf when some g == 0 has d > 0)
+- rmse (textbook, every element), cosine, eb_mean = |mean((a-g)/max(1,|g|))| (ATB)
+- eb = |#(a > g') - #(a < g')| / n with g' the golden cast to the output's NumPy dtype
+  (float16, else float32): msprobe's get_error_balance, counted in the same block pass
+- mag_bias = (#|a|<|g| - #|a|>|g|) / #inexact: rounding to nearest gives ~0, a truncating
+  conversion ~1 (EB cannot see truncation: it cancels between positive and negative values)
+- ULP = d * 2^(mantissa - max(floor(log2|g|), min_exp)) (msprobe)
+- small-value domain |g| <= small_value: an element is wrong when d > small_value_atol
+- hundredth / thousandth / ten_thousandth (our own family): share of elements within
+  d/(|g|+eps) < t (small values: within their atol)
+- abs_threshold (msprobe's absolute threshold): rel = d / (|g| + finfo(golden).eps), the
+  golden being float64 (2^-8 for bf16, get_abs_bench_with_eps)
+- NaN / Inf placement: same NaN, or same signed Inf, is equal; anything else is a mismatch.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+os.environ.setdefault("NUMBA_CACHE_DIR",
+                      os.path.join(os.path.expanduser("~"), ".cache", "kernel-verify-numba"))
+import numba  # noqa: E402
+from llvmlite import ir  # noqa: E402
+from numba import njit, prange  # noqa: E402
+from numba.core import types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from verify.comparator import dtypes as dt  # noqa: E402
+from verify.comparator.metric_fields import Metrics  # noqa: E402,F401  (re-exported)
+
+BLOCK = 1 << 16
+CHUNK = BLOCK * 64  # elements upcast at a time
+
+# accumulator slots
+(N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, MAX_REL_CANN, ARG_REL, MAX_ABS, ARG_ABS, SUM_SQ,
+ DOT, AA, GG, N_GT, N_LT, SUM_EB, MAX_ULP, SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD,
+ N_OK_1E2, N_OK_1E3, N_OK_1E4, N_REL_BAD, N_V2, N_CASE, MAX_REL, N_ZERO_G_BAD, MAX_TOL,
+ N_SHRINK, N_GROW, N_SLOTS) = range(33)
+
+# constants slots
+(C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
+ C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, C_EPS_ABS, N_CONSTS) = range(14)
+
+from verify.comparator.histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, HEAT_GRID, N_BINS  # noqa: E402
+from verify.comparator.histbins import three_digits  # noqa: E402
+
+N_BINS_ = N_BINS  # a global numba freezes as a constant
+_F64_EXP = np.int64(0x7FF0000000000000)
+_F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
+# NaN / Inf are classified from the bit patterns, so the float arithmetic below only ever
+# sees finite values and may be vectorised with fast-math flags (no nnan / ninf). The
+# functions that must see NaN / Inf say fastmath=False outright: numba compiles a callee
+# with its caller's fast-math flags unless it sets its own (and caches it so).
+_FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "reassoc"}
+
+
+@intrinsic
+def _fmax(typingctx, x, y):
+    """llvm.maxnum: a max that LLVM vectorises as a reduction (numba's max() does not)."""
+    sig = types.float64(types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.DoubleType(), [ir.DoubleType(), ir.DoubleType()])
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [ir.DoubleType()], fnty)
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def _as_float(typingctx, bits):
+    """The float64 whose IEEE bits are ``bits`` (a vectorisable bit cast)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, x):
+    """The IEEE bits of a float64, as int64."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+# log2(m) for m in [1, 2) as a polynomial in m - 1.5 (least squares on Chebyshev nodes,
+# largest error 1.44e-5): the histogram bin of an element without a logarithm or a table
+# lookup, so that the metrics loop still vectorises
+_L2 = (0.5849504981408198, 0.9618212283041843, -0.3197490950887364, 0.14171815887698785,
+       -0.08001087690681154, 0.04392862784792255)
+_L2_0, _L2_1, _L2_2, _L2_3, _L2_4, _L2_5 = _L2
+_BIN_SCALE = BINS_PER_DECADE * math.log10(2.0)  # bins per octave
+_BIN_SHIFT = -BIN_LO * BINS_PER_DECADE
+# an element whose approximate bin position lies this close to an edge is flagged and
+# binned exactly (by the tables) when counted: 7x the polynomial's error in bins
+_NEAR_EDGE = 1e-4
+FLAG = 0x80  # in a code: bin this element exactly
+ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+    """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out, and each
+    element's relative error d / (|g| + 1e-7) and allclose's d / (atol + rtol |g|) into
+    rels and tols [0:hi-lo], for the histogram and the heat map (one function, compiled
+    once: the two stores cost little beside the metrics)."""
+    eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
+    small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
+    mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
+    v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
+    abs_rtol, thou_atol, eps_abs = c[C_ABS_RTOL], c[C_THOU_ATOL], c[C_EPS_ABS]
+    n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
+    n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
+    ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
+    shrink = grow = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
+        ab = np.int64(abits[i])
+        gb = gbits[i]
+        # masks as 0.0 / 1.0 and selects only: no branch, so the loop vectorises
+        a_spec = 1.0 if (ab & aexp) == aexp else 0.0
+        g_spec = 1.0 if (gb & _F64_EXP) == _F64_EXP else 0.0
+        a_nan = a_spec * (1.0 if (ab & aman) != 0 else 0.0)
+        g_nan = g_spec * (1.0 if (gb & _F64_MAN) != 0 else 0.0)
+        same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
+        eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
+        f = (1.0 - a_spec) * (1.0 - g_spec)
+        same += eq_special
+        bad += 1.0 - f - eq_special
+        a_raw = np.float64(a[i])
+        g_raw = g[i]
+        av = a_raw if f > 0.5 else 0.0
+        gv = g_raw if f > 0.5 else 0.0
+        n += f
+        diff = av - gv
+        d = abs(diff)
+        ag = abs(gv)
+        s_sq += d * d
+        dot += av * gv
+        aa += av * av
+        gg += gv * gv
+        n_gt += 1.0 if av > gv else 0.0
+        n_lt += 1.0 if av < gv else 0.0
+        a_mag = abs(av)
+        shrink += 1.0 if a_mag < ag else 0.0
+        grow += 1.0 if a_mag > ag else 0.0
+        inv_ag = 1.0 / _fmax(ag, 1e-300)
+        s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
+        m_abs = _fmax(m_abs, d)
+        rel = d / (ag + eps_cann)
+        s_rel += rel
+        m_rel = _fmax(m_rel, rel)
+        g_pos = 1.0 if ag > 0.0 else 0.0
+        m_pr = _fmax(m_pr, d * inv_ag * g_pos)
+        zero_bad += (1.0 - g_pos) * (1.0 if d > 0.0 else 0.0)
+        # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
+        e_field = (gb >> 52) & 0x7FF
+        e_field = e_field if e_field > min_field else min_field
+        scale_field = 2046 + mant - e_field
+        scale_field = scale_field if scale_field < 2046 else 2046
+        ulp = d * _as_float(scale_field << 52)
+        m_ulp = _fmax(m_ulp, ulp)
+        s_ulp += ulp
+        n_u1 += 1.0 if ulp > 1.0 else 0.0
+        n_u32 += 1.0 if ulp > 32.0 else 0.0
+        sm = f * (1.0 if ag <= small else 0.0)
+        within_atol = 1.0 if d <= small_atol else 0.0
+        n_small += sm
+        n_small_bad += sm * (1.0 - within_atol)
+        denom = ag + eps_ms
+        big = f - sm
+        within_thou = 1.0 if d <= thou_atol else 0.0
+        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
+        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
+        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
+        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
+        n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
+        allowed = atol + rtol * ag
+        n_case += f * (1.0 if d <= allowed else 0.0)
+        tol = d / _fmax(allowed, 1e-300)  # allclose's measure d / (atol + rtol |g|)
+        m_tol = _fmax(m_tol, tol)
+        # per element, for the histogram and the heat map: the same NaN / Inf in the same
+        # place is no error (0), any other non-finite pair the largest (1e300), as is any
+        # error beyond it
+        special = 0.0 if eq_special > 0.5 else 1e300
+        rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
+        tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
+    out[N] = n
+    out[NONFINITE_BAD] = bad
+    out[SPECIAL_EQ] = same
+    out[SUM_REL] = s_rel
+    out[MAX_REL_CANN] = m_rel
+    out[MAX_ABS] = m_abs
+    out[SUM_SQ] = s_sq
+    out[DOT] = dot
+    out[AA] = aa
+    out[GG] = gg
+    out[N_GT] = n_gt
+    out[N_LT] = n_lt
+    out[SUM_EB] = s_eb
+    out[MAX_ULP] = m_ulp
+    out[SUM_ULP] = s_ulp
+    out[N_ULP1] = n_u1
+    out[N_ULP32] = n_u32
+    out[N_SMALL] = n_small
+    out[N_SMALL_BAD] = n_small_bad
+    out[N_OK_1E2] = ok2
+    out[N_OK_1E3] = ok3
+    out[N_OK_1E4] = ok4
+    out[N_REL_BAD] = n_rel_bad
+    out[N_V2] = n_v2
+    out[N_CASE] = n_case
+    out[MAX_REL] = m_pr
+    out[N_ZERO_G_BAD] = zero_bad
+    out[MAX_TOL] = m_tol
+    out[N_SHRINK] = shrink
+    out[N_GROW] = grow
+    out[ARG_ABS] = -1.0
+    out[ARG_REL] = -1.0
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _heat_range(vals, first, rows, cols, starts, ends, grid):
+    """Adds vals (the errors of elements first, first + 1, ... of a rows x cols tensor)
+    to the heat map's maxima: grid[i, w] is the largest error in the rows with
+    row * n_row_bins // rows == i and the columns of window w, [starts[w], ends[w]) (the
+    windows of adaptive max pooling, which overlap when they do not divide cols)."""
+    gr, gc = grid.shape[0], grid.shape[1]
+    m = vals.shape[0]
+    done = 0
+    if cols >= 64:  # wide rows: each window's part of a row is one vectorised max
+        while done < m:
+            r = (first + done) // cols
+            c0 = first + done - r * cols
+            c1 = min(cols, c0 + (m - done))
+            at = done - c0  # vals index of this row's column 0
+            i = r * gr // rows
+            for w in range(gc):
+                s, e = max(starts[w], c0), min(ends[w], c1)
+                if s < e:
+                    top = 0.0
+                    for col in range(s, e):
+                        top = _fmax(top, vals[np.uint64(at + col)])
+                    grid[i, w] = max(grid[i, w], top)
+            done += c1 - c0
+        return
+    # narrow rows: per row bin (a run of whole rows, so one flat range), each column's
+    # maximum by a strided walk, then the windows over those column maxima
+    colmax = np.zeros(cols)
+    last = first + m
+    i = (first // cols) * gr // rows
+    while i < gr:
+        s = max(first, ((i * rows + gr - 1) // gr) * cols)  # first row r: r * gr // rows == i
+        e = min(last, (((i + 1) * rows + gr - 1) // gr) * cols)
+        if s >= e:
+            break
+        for col in range(cols):
+            top = 0.0
+            for k in range(s + (col - s % cols) % cols, e, cols):
+                top = _fmax(top, vals[np.uint64(k - first)])
+            colmax[col] = top
+        _flush_columns(colmax, starts, ends, grid[i])
+        i += 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _flush_columns(colmax, starts, ends, cells):
+    """One row bin's cells: the largest column maximum in each window."""
+    for w in range(cells.shape[0]):
+        for col in range(starts[w], ends[w]):
+            cells[w] = max(cells[w], colmax[col])
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _codes_of(rels, codes):
+    """The histogram code of each relative error (rels >= 0, finite): its position
+    y = (log10(rel) + 12) * 4 from the exponent and a polynomial in the significand,
+    no logarithm or table, so the loop vectorises; a code near a bin edge is flagged and
+    binned exactly when counted."""
+    for j in range(rels.shape[0]):
+        i = np.uint64(j)
+        rel = rels[i]
+        rb = _bits_f64(rel)
+        sig = _as_float((rb & _F64_MAN) | np.int64(0x3FF0000000000000)) - 1.5
+        l2 = (sig * (sig * (sig * (sig * (sig * _L2_5 + _L2_4) + _L2_3) + _L2_2) + _L2_1)
+              + _L2_0) + np.float64(((rb >> 52) & 0x7FF) - 1023)
+        # y + 1, held in [0.5, N_BINS + 1.5]: its integer part is the code (0 under,
+        # N_BINS + 1 over), and the clamped ends are no edge
+        y1 = l2 * _BIN_SCALE + (_BIN_SHIFT + 1.0)
+        y1 = y1 if y1 > 0.5 else 0.5
+        y1 = y1 if y1 < N_BINS_ + 1.5 else N_BINS_ + 1.5
+        k = np.int32(y1)
+        near = np.int32(FLAG) if abs(y1 - np.float64(k) - 0.5) > 0.5 - _NEAR_EDGE \
+            else np.int32(0)
+        codes[i] = np.uint8((k | near) if rel > 0.0 else np.int32(ZERO_CODE))
+
+
+_ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _round_range(g, gbits, lo, hi, rp, r):
+    """r[j - lo] = g[j] rounded once, to nearest with ties to even, to a format of rp[0]
+    significand bits, smallest normal exponent rp[1] and largest finite rp[2] (IEEE:
+    subnormals, overflow to inf); float64 (53 bits) is copied. Not fast-math: g may hold
+    NaN and Inf, which pass through, and the rounding relies on exact float addition."""
+    bits, emin, vmax = np.int64(rp[0]), np.int64(rp[1]), rp[2]
+    if bits >= 53:
+        for j in range(lo, hi):
+            r[np.uint64(j - lo)] = g[np.uint64(j)]
+        return
+    for j in range(lo, hi):
+        i = np.uint64(j)  # unsigned indices: no wraparound test, so the loop vectorises
+        x = g[i]
+        e = ((gbits[i] >> 52) & 0x7FF) - 1023  # floor(log2|x|) for a normal float64
+        e = e if e > emin else emin
+        shift = e - (bits - 1)  # x / 2^shift has its units digit at the format's last bit
+        y = x * _as_float((1023 - shift) << 52)  # exact: a power of two, |y| < 2^bits
+        y = (y + _ROUND_MAGIC) - _ROUND_MAGIC  # to an integer, ties to even (|y| < 2^51)
+        y = y * _as_float((shift + 1023) << 52)
+        y = np.inf * np.sign(x) if abs(y) > vmax else y
+        r[np.uint64(j - lo)] = np.copysign(y, x) if abs(x) < np.inf else x
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _eb_range(x, g, gbits, lo, hi, rp, out):
+    """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
+    NumPy dtype (rounded on the fly by rp): out[0] += #(x > cast), out[1] += #(x < cast)."""
+    cast = np.empty(hi - lo)
+    _round_range(g, gbits, lo, hi, rp, cast)
+    gt = lt = 0
+    for j in range(hi - lo):
+        i = np.uint64(j)
+        xv = np.float64(x[i])
+        gt += 1 if xv > cast[i] else 0
+        lt += 1 if xv < cast[i] else 0
+    out[0] += gt
+    out[1] += lt
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _exact_code(av, gv, base, t1, t2):
+    """The histogram code of one finite element, exactly: the bin from the binary exponent
+    of d / (|g| + 1e-7) and at most two thresholds in its octave (tables built from log10
+    itself, so the bins are those of floor((log10(rel) - BIN_LO) * 4))."""
+    rel = abs(av - gv) / (abs(gv) + 1e-7)
+    if rel == 0.0:
+        return ZERO_CODE
+    e = np.uint64((_bits_f64(rel) >> 52) & 0x7FF)
+    k = base[e] + (1 if rel >= t1[e] else 0) + (1 if rel >= t2[e] else 0)
+    return k if k <= OVER_CODE else OVER_CODE
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _count_codes(codes, x, g, lo, base, t1, t2, out):
+    """Adds the histogram of one block's codes (_codes_of, for x[lo:] against g[lo:]) to
+    out (histbins: the bins, then zero, under, over); a flagged code, near a bin edge, is
+    binned exactly from the element itself."""
+    # four sets of counters, so that runs of equal codes do not wait on each other; a
+    # flagged code is counted apart (no branch here) and its element binned afterwards
+    m = codes.shape[0]
+    quad = np.zeros((4, 256), dtype=np.int64)
+    for j in range(0, m - 3, 4):
+        i = np.uint64(j)
+        quad[0, np.uint64(codes[i])] += 1
+        quad[1, np.uint64(codes[i + np.uint64(1)])] += 1
+        quad[2, np.uint64(codes[i + np.uint64(2)])] += 1
+        quad[3, np.uint64(codes[i + np.uint64(3)])] += 1
+    for j in range(m - m % 4, m):
+        quad[0, np.uint64(codes[np.uint64(j)])] += 1
+    if quad[:, FLAG:].sum() > 0:
+        for s in range(0, m, 64):  # whole runs of 64 codes skipped when none is flagged
+            e = min(s + 64, m)
+            top = np.uint8(0)
+            for j in range(s, e):
+                top |= codes[np.uint64(j)]
+            if top >= FLAG:
+                for j in range(s, e):
+                    if codes[np.uint64(j)] >= FLAG:
+                        quad[0, np.uint64(_exact_code(np.float64(x[np.uint64(lo + j)]),
+                                                      g[np.uint64(lo + j)], base, t1, t2))] += 1
+    counts = quad[0] + quad[1] + quad[2] + quad[3]
+    for k in range(N_BINS_):
+        out[k] += counts[k + 1]
+    out[N_BINS_] += counts[ZERO_CODE]
+    out[N_BINS_ + 1] += counts[0]
+    out[N_BINS_ + 2] += counts[OVER_CODE]
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
+                 base, t1, t2, heat, where, starts, ends):
+    """Per block: the kernel's metrics and error balance counts, then (out_f not empty)
+    the golden rounded to the output dtype and its metrics and counts, then (hist not
+    empty) both histograms and (heat not empty) the kernel's heat map, all while the
+    block is in cache. eb[b] holds the kernel's counts (0, 1) and the floor's (2, 3).
+    where: the chunk's first element, the tensor's rows and columns, and 1 when the heat
+    map shows allclose's d / (atol + rtol |g|) rather than the relative error."""
+    n = a.shape[0]
+    floor = out_f.shape[0] > 0
+    counts = hist.shape[0] > 0
+    heats = heat.shape[0] > 0
+    first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
+    same_format = rp[0] == rp_eb[0]  # the floor is exactly the golden cast for msprobe
+    for b in prange(out.shape[0]):
+        lo = b * BLOCK
+        hi = min(lo + BLOCK, n)
+        codes = np.empty(hi - lo, dtype=np.uint8)
+        rels = np.empty(hi - lo)
+        tols = np.empty(hi - lo)
+        _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols)
+        if heats:
+            _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
+                        heat[b])
+        if counts:
+            _codes_of(rels, codes)
+            _count_codes(codes, a, g, lo, base, t1, t2, hist[b, 0])
+        _eb_range(a[lo:hi], g, gbits, lo, hi, rp_eb, eb[b, 0:2])
+        if floor:
+            r = np.empty(hi - lo)
+            _round_range(g, gbits, lo, hi, rp, r)
+            gb = g[lo:hi]
+            _block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
+                   out_f[b], rels, tols)
+            if counts:
+                _codes_of(rels, codes)
+                _count_codes(codes, r, gb, 0, base, t1, t2, hist[b, 1])
+            if not same_format:
+                _eb_range(r, g, gbits, lo, hi, rp_eb, eb[b, 2:4])
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _argmax_in(a, g, lo, hi, eps_cann):
+    """Index of the largest |a - g| and of the largest CANN relative error in [lo, hi)."""
+    best_d = best_r = -1.0
+    i_d = i_r = -1
+    for i in range(lo, hi):
+        av = np.float64(a[i])
+        gv = g[i]
+        if not (np.isfinite(av) and np.isfinite(gv)):
+            continue
+        d = abs(av - gv)
+        r = d / (abs(gv) + eps_cann)
+        if d > best_d:
+            best_d, i_d = d, i
+        if r > best_r:
+            best_r, i_r = r, i
+    return i_d, i_r
+
+
+_SUMS = (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, SUM_SQ, DOT, AA, GG, N_GT, N_LT, SUM_EB,
+         SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD, N_OK_1E2, N_OK_1E3, N_OK_1E4,
+         N_REL_BAD, N_V2, N_CASE, N_ZERO_G_BAD, N_SHRINK, N_GROW)
+_MAXES = (MAX_ABS, MAX_REL_CANN, MAX_ULP, MAX_REL, MAX_TOL)
+
+
+def _combine(parts: np.ndarray) -> np.ndarray:
+    acc = np.zeros(N_SLOTS)
+    acc[ARG_ABS] = acc[ARG_REL] = -1
+    for p in parts:  # block order: deterministic
+        for k in _SUMS:
+            acc[k] += p[k]
+        for k in _MAXES:
+            acc[k] = max(acc[k], p[k])
+    if acc[N_ZERO_G_BAD] > 0:
+        acc[MAX_REL] = np.inf
+    return acc
+
+
+def _finish(acc: np.ndarray, atol: float, rtol: float) -> Metrics:
+    n = int(acc[N])
+    normal = n - int(acc[N_SMALL])
+    nn = max(n, 1)
+    if acc[AA] == 0 and acc[GG] == 0:
+        cosine = 1.0
+    elif acc[AA] == 0 or acc[GG] == 0:
+        cosine = 0.0
+    else:
+        cosine = float(acc[DOT] / math.sqrt(acc[AA] * acc[GG]))
+    return Metrics(
+        n=n,
+        nan_inf_mismatch=int(acc[NONFINITE_BAD]),
+        mere=float(acc[SUM_REL] / nn),
+        mare=float(acc[MAX_REL_CANN]),
+        max_abs=float(acc[MAX_ABS]),
+        max_rel=float(acc[MAX_REL]),
+        rmse=math.sqrt(acc[SUM_SQ] / nn),
+        cosine=cosine,
+        eb=float(abs(acc[N_GT] - acc[N_LT]) / nn),
+        eb_mean=float(abs(acc[SUM_EB]) / nn),
+        mag_bias=float((acc[N_SHRINK] - acc[N_GROW]) / max(acc[N_SHRINK] + acc[N_GROW], 1.0)),
+        ulp_max=float(acc[MAX_ULP]),
+        ulp_mean=float(acc[SUM_ULP] / nn),
+        ulp_gt1_ratio=float(acc[N_ULP1] / nn),
+        ulp_gt32_ratio=float(acc[N_ULP32] / nn),
+        small_count=int(acc[N_SMALL]),
+        small_err_ratio=float(acc[N_SMALL_BAD] / max(int(acc[N_SMALL]), 1)),
+        rel_err_ratio=float(acc[N_REL_BAD] / max(normal, 1)),
+        hundredth=float(acc[N_OK_1E2] / nn) if n else 1.0,
+        thousandth=float(acc[N_OK_1E3] / nn) if n else 1.0,
+        ten_thousandth=float(acc[N_OK_1E4] / nn) if n else 1.0,
+        v2_match_ratio=float(acc[N_V2] / nn) if n else 1.0,
+        allclose_mismatch=int(n - acc[N_CASE] + acc[NONFINITE_BAD]),
+        tol_ratio=float(acc[MAX_TOL]),
+        atol=atol,
+        rtol=rtol,
+        argmax_abs=int(acc[ARG_ABS]),
+        argmax_rel=int(acc[ARG_REL]),
+    )
+
+
+def _bin_of(rel: float) -> int:
+    """0: under the bins, 1..N_BINS: bin k-1, N_BINS+1: over (rel > 0, finite)."""
+    lg = math.log10(rel)
+    if lg < BIN_LO:
+        return 0
+    if lg >= BIN_HI:
+        return N_BINS + 1
+    # (lg - BIN_LO) * 4 can round up to N_BINS just under BIN_HI: that is the last bin
+    return min(int(math.floor((lg - BIN_LO) * BINS_PER_DECADE)), N_BINS - 1) + 1
+
+
+def _threshold(k: int) -> float:
+    """The smallest positive float64 whose bin is >= k, found among the bit patterns
+    (positive floats sort as their bits): exactly the boundary log10 draws."""
+    lo = np.int64(np.float64(10.0 ** (BIN_LO + (k - 1) / BINS_PER_DECADE) / 2).view(np.int64))
+    hi = np.int64(np.float64(10.0 ** (BIN_LO + (k - 1) / BINS_PER_DECADE) * 2).view(np.int64))
+    while hi - lo > 1:  # _bin_of(lo) < k <= _bin_of(hi)
+        mid = lo + (hi - lo) // 2
+        if _bin_of(float(np.int64(mid).view(np.float64))) >= k:
+            hi = mid
+        else:
+            lo = mid
+    return float(np.int64(hi).view(np.float64))
+
+
+def _histogram_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per float64 exponent field: the bin code of the octave's start, and the (at most
+    two) thresholds inside the octave (inf: none)."""
+    thresholds = [_threshold(k) for k in range(1, N_BINS + 2)]
+    base = np.zeros(2048, dtype=np.int64)
+    t1 = np.full(2048, np.inf)
+    t2 = np.full(2048, np.inf)
+    for field in range(2048):
+        start = float(np.int64(field << 52).view(np.float64)) if field < 2047 else math.inf
+        end = float(np.int64((field + 1) << 52).view(np.float64)) if field < 2046 else math.inf
+        base[field] = sum(t < start for t in thresholds) if field else 0
+        inside = [t for t in thresholds if start <= t < end] if field else \
+            [t for t in thresholds if t < end]
+        assert len(inside) <= 2, "a quarter decade is wider than half an octave"
+        if inside:
+            t1[field] = inside[0]
+        if len(inside) > 1:
+            t2[field] = inside[1]
+    return base, t1, t2
+
+
+_HIST_BASE, _HIST_T1, _HIST_T2 = _histogram_tables()
+
+
+def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """torch.testing.assert_close defaults: (atol, rtol)."""
+    t = dt.traits(dtype)
+    return t.torch_atol, t.torch_rtol
+
+
+def _constants(dtype: torch.dtype, atol: float, rtol: float, scale: float = 1.0) -> np.ndarray:
+    t = dt.traits(dtype)
+    c = np.zeros(N_CONSTS)
+    c[C_EPS_CANN] = 1e-7
+    c[C_EPS_MS] = t.msprobe_eps
+    c[C_SMALL] = t.small_value
+    c[C_SMALL_ATOL] = t.small_value_atol
+    c[C_MANT] = t.mantissa_bits
+    c[C_MIN_EXP] = t.min_exp
+    c[C_V2_ATOL] = t.v2_atol * scale
+    c[C_V2_RTOL] = t.v2_rtol * scale
+    c[C_ATOL] = atol
+    c[C_RTOL] = rtol
+    c[C_ABS_RTOL] = t.abs_threshold_rtol
+    c[C_THOU_ATOL] = thousandth_small_atol(dtype)
+    # msprobe's absolute threshold: rel = d / (|golden| + finfo(golden's dtype).eps), 2^-8
+    # for bf16 (get_abs_bench_with_eps); the golden here is float64
+    c[C_EPS_ABS] = 2.0 ** -8 if dtype == torch.bfloat16 else float(np.finfo(np.float64).eps)
+    return c
+
+
+def thousandth_small_atol(dtype: torch.dtype) -> float:
+    """Small values' atol in the hundredth / thousandth / ten-thousandth ratios (our own
+    family): msprobe's small-value atol, but never below half an ulp at the small-value
+    bound, so a correctly rounded small value always counts as right (bf16: 1e-16 would
+    fail every inexact one; 2^-18 is the most a correct rounding moves a value <= 2^-10)."""
+    t = dt.traits(dtype)
+    return max(t.small_value_atol, t.small_value * 2.0 ** -(t.mantissa_bits + 1))
+
+
+def _host_view(chunk: torch.Tensor) -> np.ndarray:
+    """A float32 / float64 NumPy view of a CPU chunk (bf16 / fp16 upcast exactly)."""
+    if chunk.dtype not in (torch.float32, torch.float64):
+        chunk = chunk.to(torch.float32)
+    return chunk.numpy()
+
+
+def measure_pair(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
+                 atol: float | None = None, rtol: float | None = None,
+                 floor: bool = True, scale: float = 1.0) -> tuple[Metrics, Metrics | None]:
+    """Metrics of ``actual`` and (``floor``) of the golden rounded to the output dtype.
+
+    ``dtype`` is the output dtype whose constants apply (default: actual's dtype).
+    ``scale`` widens the tolerances (atol / rtol, CANN v2's atol / rtol) for outputs
+    that sum many terms (reduction gradients).
+    """
+    m = measure_all(actual, golden, dtype, atol, rtol, floor, scale, hist=False)
+    return m.metrics, m.floor
+
+
+class Measured(NamedTuple):
+    metrics: Metrics
+    floor: Metrics | None
+    histogram: dict | None  # {'actual': counts, 'floor': counts}: plotdata.histogram's
+    heatmap: dict | None    # plotdata.heatmap's layout; None under 2 dims or not asked
+
+
+def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
+                atol: float | None = None, rtol: float | None = None, floor: bool = True,
+                scale: float = 1.0, hist: bool = True, heat: str | None = None) -> Measured:
+    """``measure_pair`` and the report's plot data in the same pass over the data: each
+    block of 64Ki elements is read once, the golden is rounded to the output dtype on
+    the fly (the error floor) and both get their metrics and histogram counts while the
+    block is in cache, and (``heat`` 'rel' or 'tol', with ``hist``) the kernel's heat map
+    of the relative error d / (|g| + 1e-7) or of allclose's d / (atol + rtol |g|)."""
+    dtype = dtype or actual.dtype
+    d_atol, d_rtol = default_tolerances(dtype)
+    atol = (d_atol if atol is None else float(atol)) * scale
+    rtol = (d_rtol if rtol is None else float(rtol)) * scale
+    a = actual.detach().to("cpu").contiguous().reshape(-1)
+    g = golden.detach().to("cpu", torch.float64).contiguous().reshape(-1)
+    if a.numel() != g.numel():
+        raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
+    c = _constants(dtype, atol, rtol, scale)
+    rp = _rounding_of(dtype) if floor else np.zeros(3)
+    acc_a, acc_f = [], []
+    hists = np.zeros((2, N_BINS + 3), dtype=np.int64)
+    best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, chunk start, block
+    total = a.numel()
+    eb_a, eb_f = [0, 0], [0, 0]
+    rp_eb = _rounding_of(_msprobe_dtype(dtype))
+    shape = tuple(actual.shape)
+    heat = heat if hist and len(shape) >= 2 and total else None
+    cols = shape[-1] if heat else 1
+    rows = total // cols if heat else 1
+    grid = np.zeros((min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1))
+    starts, ends = _pool_windows(cols, grid.shape[1])
+    for start in range(0, total, CHUNK):
+        stop = min(start + CHUNK, total)
+        g_np = g[start:stop].numpy()
+        a_np = _host_view(a[start:stop])
+        abits, aexp, aman = _bits_of(a_np)
+        n_blocks = -(-a_np.shape[0] // BLOCK)
+        parts = np.empty((n_blocks, N_SLOTS))
+        parts_f = np.empty((n_blocks if floor else 0, N_SLOTS))
+        hist_blocks = np.zeros((n_blocks if hist else 0, 2, N_BINS + 3), dtype=np.int64)
+        eb_blocks = np.zeros((n_blocks, 4), dtype=np.int64)
+        heat_blocks = np.zeros((n_blocks if heat else 0,) + grid.shape)
+        where = np.array([start, rows, cols, heat == "tol"], dtype=np.int64)
+        _pair_blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb,
+                     parts, parts_f, hist_blocks, eb_blocks, _HIST_BASE, _HIST_T1, _HIST_T2,
+                     heat_blocks, where, starts, ends)
+        if heat:
+            np.maximum(grid, heat_blocks.max(axis=0), out=grid)
+        acc_a.append(parts)
+        if hist:
+            hists += hist_blocks.sum(axis=0)
+        eb_a[0] += int(eb_blocks[:, 0].sum())
+        eb_a[1] += int(eb_blocks[:, 1].sum())
+        for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
+            b = int(np.argmax(parts[:, slot])) if len(parts) else -1
+            if b >= 0 and parts[b, slot] > best[key][0]:
+                best[key] = (parts[b, slot], start, b)
+        if floor:
+            acc_f.append(parts_f)
+            eb_f[0] += int(eb_blocks[:, 2].sum())
+            eb_f[1] += int(eb_blocks[:, 3].sum())
+    combined = _combine(np.concatenate(acc_a) if acc_a else _EMPTY)
+    _locate_argmax(combined, best, a, g, c, total)
+    m_a = replace(_finish(combined, atol, rtol),
+                  eb=abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
+    m_f = None
+    if floor:
+        m_f = replace(_finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol),
+                      eb=abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
+    histogram = None
+    if hist:
+        histogram = {"actual": _hist_dict(hists[0])}
+        if floor:
+            histogram["floor"] = _hist_dict(hists[1])
+    heatmap = None
+    if heat:
+        heatmap = {"rows": rows, "cols": cols,
+                   "grid": three_digits(grid),
+                   "measure": "d/(atol+rtol|g|)" if heat == "tol" else "d/(|g|+1e-7)"}
+    return Measured(m_a, m_f, histogram, heatmap)
+
+
+def _pool_windows(length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Adaptive max pooling's windows of ``length`` into ``n``: [floor(i L / n),
+    ceil((i + 1) L / n)), which overlap when n does not divide L."""
+    i = np.arange(n, dtype=np.int64)
+    return i * length // n, -((-(i + 1) * length) // n)
+
+
+_EMPTY = np.empty((0, N_SLOTS))
+
+
+def _locate_argmax(combined: np.ndarray, best: dict, a, g, c, total: int) -> None:
+    """The element index of the largest |a - g| and relative error: found again inside
+    the one block that holds each maximum."""
+    found: dict[int, tuple[int, int]] = {}  # block start -> (i_d, i_r): one pass a block
+    for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
+        _, start, b = best[key]
+        if b >= 0:  # only that block is upcast again
+            lo = start + b * BLOCK
+            if lo not in found:
+                hi = min(lo + BLOCK, total)
+                found[lo] = _argmax_in(_host_view(a[lo:hi]), g[lo:hi].numpy(), 0, hi - lo,
+                                       c[C_EPS_CANN])
+            i_d, i_r = found[lo]
+            combined[slot] = lo + (i_d if key == "abs" else i_r)
+
+
+def _hist_dict(counts: np.ndarray) -> dict:
+    return {"counts": counts[:N_BINS].tolist(), "zero": int(counts[N_BINS]),
+            "under": int(counts[N_BINS + 1]), "over": int(counts[N_BINS + 2])}
+
+
+def _msprobe_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The NumPy dtype msprobe holds an output in: fp16 stays, bf16 becomes float32."""
+    return dtype if dtype in (torch.float16, torch.float32, torch.float64) else torch.float32
+
+
+def _rounding_of(dtype: torch.dtype) -> np.ndarray:
+    """dtypes.rounding_params as the array the compiled rounding reads."""
+    return np.array(dt.rounding_params(dtype), dtype=np.float64)
+
+
+def _bits_of(a_np: np.ndarray):
+    if a_np.dtype == np.float32:
+        return a_np.view(np.int32), np.int64(0x7F800000), np.int64(0x007FFFFF)
+    return a_np.view(np.int64), _F64_EXP, _F64_MAN
+
+
+def measure(actual: torch.Tensor, golden: torch.Tensor, **kw) -> Metrics:
+    return measure_pair(actual, golden, floor=False, **kw)[0]
+
+
+def exact_metrics(actual: torch.Tensor, golden: torch.Tensor) -> Metrics:
+    """Exact comparison, reported in the same fields (``allclose_mismatch`` counts the
+    elements that differ). Integers and bools compare as int64, never through a float (2^53
+    + 1 differs from 2^53); floats compare by value in float64, which holds every float
+    dtype exactly: NaN matches NaN, -0 equals +0 (IEEE equality)."""
+    a = actual.detach().cpu().reshape(-1)
+    g = golden.detach().cpu().reshape(-1)
+    if not a.dtype.is_floating_point and not g.dtype.is_floating_point:
+        a64, g64 = a.to(torch.int64), g.to(torch.int64)
+        differ = a64 != g64
+        d = torch.where(differ, (a64 - g64).abs().to(torch.float64), 0.0)
+    else:
+        a64, g64 = a.to(torch.float64), g.to(torch.float64)
+        differ = (a64 != g64) & ~(a64.isnan() & g64.isnan())
+        d = torch.where(differ, (a64 - g64).abs().nan_to_num(nan=math.inf), 0.0)
+    n = a.numel()
+    wrong = int(differ.sum())
+    max_abs = float(d.max()) if n else 0.0
+    arg = int(d.argmax()) if n else -1
+    ratio = 1.0 - wrong / n if n else 1.0
+    return Metrics(n=n, nan_inf_mismatch=0, mere=0.0, mare=0.0, max_abs=max_abs,
+                   max_rel=0.0, rmse=float(d.pow(2).mean().sqrt()) if n else 0.0,
+                   cosine=1.0, eb=0.0, eb_mean=0.0, mag_bias=0.0, ulp_max=max_abs, ulp_mean=0.0,
+                   ulp_gt1_ratio=0.0, ulp_gt32_ratio=0.0, small_count=0,
+                   small_err_ratio=0.0, rel_err_ratio=0.0, hundredth=ratio,
+                   thousandth=ratio, ten_thousandth=ratio, v2_match_ratio=ratio,
+                   allclose_mismatch=wrong, tol_ratio=float(wrong > 0) * max_abs,
+                   atol=0.0, rtol=0.0, argmax_abs=arg,
+                   argmax_rel=arg)
+
+
+def numba_threads() -> int:
+    return numba.get_num_threads()
+
+
+def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 values rounded once, to nearest with ties to even, into ``dtype``:
+    subnormals, ties and overflow to inf as IEEE 754 says. torch converts float64 to
+    fp16 / bf16 through float32, which rounds twice and lands one ulp off now and then;
+    the error floor must be the correctly rounded golden. The rounding is the metrics
+    pass's own (_round_range), so a rounded tensor and the pass agree."""
+    if dtype in (torch.float32, torch.float64) or dtype not in dt.FLOAT_TRAITS \
+            or not x.dtype.is_floating_point:
+        return x.to(dtype)  # float32 / float64 targets: torch rounds once already
+    v = x.detach().to("cpu", torch.float64).contiguous().reshape(-1).numpy()
+    r = np.empty_like(v)
+    _round_range(v, v.view(np.int64), 0, v.shape[0], _rounding_of(dtype), r)
+    return torch.from_numpy(r).reshape(x.shape).to(dtype)  # exact now: no second rounding
