@@ -1,0 +1,145 @@
+"""The house by stage (docs/architecture.md): at most 8 modules at the top of verify/,
+every import (function-level ones too) points to the same stage or a lower one, no
+import circle anywhere, and the old flat paths still import, with a warning."""
+import ast
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+PKG = REPO / "verify"
+RANK = {"errors": 0, "notices": 0, "_moved": 0, "comparator": 1, "specs": 2, "cases": 3,
+        "golden": 4, "report": 5, "running": 6, "api": 7, "cli": 7, "": 8}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = list(p.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules) -> set[str]:
+    """The verify modules ``name`` imports anywhere in its body, resolved to modules."""
+    is_pkg = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" for a in node.names] + [mod]
+        for t in targets:
+            while t and t not in modules and "." in t:
+                t = t.rsplit(".", 1)[0]
+            if t in modules and t not in (name, "verify"):
+                found.add(t)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph():
+    modules = _modules()
+    return {m: _imports(m, p, modules) for m, p in modules.items()}
+
+
+def _rank(module: str) -> int:
+    parts = module.split(".")
+    return RANK[parts[1] if len(parts) > 1 else ""]
+
+
+def test_at_most_eight_modules_sit_at_the_top_of_verify():
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 8, top
+    for sub in ("comparator", "specs", "cases", "golden", "report", "running"):
+        doc = ast.get_docstring(ast.parse((PKG / sub / "__init__.py").read_text())) or ""
+        assert "May import" in doc, f"verify/{sub}/__init__.py says what it may import"
+
+
+def test_every_import_points_to_its_own_stage_or_a_lower_one(graph):
+    upward = [(a, b) for a, deps in graph.items() for b in deps if _rank(b) > _rank(a)]
+    assert upward == []
+
+
+def test_no_import_circle_anywhere(graph):
+    seen, on_path, circles = set(), [], []
+
+    def visit(m):
+        if m in on_path:
+            circles.append(on_path[on_path.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        on_path.append(m)
+        for d in sorted(graph[m]):
+            visit(d)
+        on_path.pop()
+    for m in sorted(graph):
+        visit(m)
+    assert circles == []
+
+
+def test_the_checker_sees_a_circle_and_an_upward_arrow(tmp_path):
+    """The two checks above catch what they claim: a planted circle and arrow."""
+    modules = {"verify.comparator.a": tmp_path / "a.py", "verify.comparator.b": tmp_path / "b.py",
+               "verify.running.r": tmp_path / "r.py"}
+    modules["verify.comparator.a"].write_text("def f():\n    from verify.comparator import b\n")
+    modules["verify.comparator.b"].write_text("from verify.comparator import a\n"
+                                              "from verify.running import r\n")
+    modules["verify.running.r"].write_text("")
+    g = {m: _imports(m, p, modules) for m, p in modules.items()}
+    assert g["verify.comparator.a"] == {"verify.comparator.b"}
+    assert "verify.comparator.a" in g["verify.comparator.b"]
+    assert [(a, b) for a, deps in g.items() for b in deps if _rank(b) > _rank(a)] == [
+        ("verify.comparator.b", "verify.running.r")]
+
+
+def test_old_import_paths_work_with_a_deprecation_warning():
+    code = ("import warnings\nwarnings.simplefilter('error')\n"
+            "import verify\n"
+            "from verify.specs import registry\n"
+            "from verify.comparator import comparison, metrics\n"
+            "for old, new in (('verify.registry', registry), ('verify.comparison', comparison),"
+            " ('verify.metrics', metrics)):\n"
+            "    try:\n"
+            "        __import__(old)\n"
+            "    except DeprecationWarning as w:\n"
+            "        assert new.__name__ in str(w), w\n"
+            "    else:\n"
+            "        raise SystemExit(old + ' gave no warning')\n"
+            "warnings.simplefilter('ignore')\n"
+            "import verify.registry as r\n"
+            "from verify.metrics import measure_all\n"
+            "from verify.cases import Case\n"
+            "from verify import results\n"
+            "assert r is registry and measure_all is metrics.measure_all\n"
+            "assert r.op('softmax').name == 'softmax' and Case.__module__ == 'verify.cases.case'\n"
+            "assert results.__name__ == 'verify.report.results'\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_the_public_names_are_unchanged():
+    import verify
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in verify.__all__:
+            getattr(verify, name)
+    assert callable(verify.compare) and callable(verify.run) and callable(verify.ops)
+    assert callable(verify.judge) and callable(verify.capture)
