@@ -143,3 +143,40 @@ def test_the_public_names_are_unchanged():
             getattr(verify, name)
     assert callable(verify.compare) and callable(verify.run) and callable(verify.ops)
     assert callable(verify.judge) and callable(verify.capture)
+
+
+def test_two_runs_in_two_threads_each_get_their_own_settings_and_rows(tmp_path):
+    """One run context per run (verify/running/context.py): two verify.run calls at once
+    in one process, with other stores, ops, timing and time limits, before the op pack
+    is loaded, each write their own goldens and rows and keep their own settings."""
+    code = '''
+import sys, threading
+import verify
+from verify.golden.store import GoldenStore
+results, errors = {}, []
+def go(name, ops, store, repeats):
+    try:
+        results[name] = verify.run(level="L0", ops=ops, backends=["torch"], store=store,
+                                   time=repeats, case_timeout=120, reports=False)
+    except BaseException as exc:
+        errors.append(f"{name}: {type(exc).__name__}: {exc}")
+a = threading.Thread(target=go, args=("a", ["lion"], sys.argv[1], 2))
+b = threading.Thread(target=go, args=("b", ["softmax"], sys.argv[2], 0))
+a.start(); b.start(); a.join(); b.join()
+assert not errors, errors
+ra, rb = results["a"], results["b"]
+assert {r["op"] for r in ra.rows} == {"lion"} and {r["op"] for r in rb.rows} == {"softmax"}
+assert all(r["verdict"] == "PASS" for r in ra.rows + rb.rows)
+# --time ran for a's kernels only
+assert all(r.get("kernel_median_s") for r in ra.rows)
+assert not any(r.get("kernel_median_s") for r in rb.rows)
+ka = {e.meta["op"] for e in GoldenStore(sys.argv[1]).entries()}
+kb = {e.meta["op"] for e in GoldenStore(sys.argv[2]).entries()}
+assert ka == {"lion"} and kb == {"softmax"}, (ka, kb)
+print("ok", len(ra.rows), len(rb.rows))
+'''
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sa"),
+                           str(tmp_path / "sb")], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), \
+        proc.stdout[-1000:] + proc.stderr[-3000:]

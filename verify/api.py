@@ -20,6 +20,7 @@ from verify.cases import selection
 from verify.cases import shards
 from verify.report import results
 from verify.golden.store import close_all as close_store_connections
+from verify.running.context import RunContext
 from verify.running.ray_tasks import NodeContext
 from verify.errors import ConfigError
 
@@ -121,11 +122,12 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
     if verify_fetched is not None and not 0.0 <= float(verify_fetched) <= 1.0:
         raise ConfigError(f"verify_fetched must be a fraction from 0 to 1, not "
                           f"{verify_fetched!r}")
-    golden_source.configure(store, registry, registry_required, verify_fetched)
-    golden_source.resolver().designate(c for c, _ in plan.items)
-    runner.TIMING["repeats"] = repeats
-    runner.CASE_LIMIT["seconds"] = seconds
-    runner.BENCHMARK["backend"] = selection.check_benchmark_backend(benchmark_backend)
+    # the run's settings, passed to every case: nothing of them is left in a module
+    run_ctx = RunContext(
+        resolver=golden_source.configure(store, registry, registry_required, verify_fetched),
+        case_timeout=seconds, time_repeats=repeats,
+        benchmark_backend=selection.check_benchmark_backend(benchmark_backend))
+    run_ctx.resolver.designate(c for c, _ in plan.items)
     t0 = clock.time()
     meta: dict = {}
     node_lines: dict = {}
@@ -149,7 +151,7 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         with _progress(len(plan.items)) as advance:
             for case, kern in plan.items:
                 advance(case.op)
-                rows.extend(runner.run_case(case, kern))
+                rows.extend(runner.run_case(case, kern, run_ctx))
     close_store_connections()  # the index's write-ahead log folded in: readers see every golden
     warnings = list(dict.fromkeys(warnings + notices.drain()))
     if run_dir is not None:
@@ -158,8 +160,8 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
             "environment": {**results.environment(), **node_lines}, "warnings": warnings,
             "timing": {"configured": t0, "reports_start": clock.time()},
             "selection": selection_id, "shard": shard, "harness": shards.harness_id(),
-            **recorded.report_meta(), **meta})
-    return RunResult(rows, run_dir, warnings, recorded.report_meta().get("recorded"))
+            **plan.recorded.meta(), **meta})
+    return RunResult(rows, run_dir, warnings, plan.recorded.meta().get("recorded"))
 
 
 def judge(path: str | os.PathLike, *, ops: Sequence[str] | None = None,

@@ -529,14 +529,29 @@ def _hashed_case(spec, rec, binding, kind, not_judged, label, inputs, params, mo
     return _case(spec, rec, binding, inputs, params, mode, "", source)
 
 
-# -- what this process indexed, for its report --------------------------------------
-NOT_JUDGED = NotJudged()
-INDEXED = {"records": 0, "cases": 0, "calls": 0}
+# -- what a run's selection indexed, for its report ----------------------------------
+@dataclass
+class Summary:
+    """Records read, cases, calls, and those not judged, of one run's recorded sources
+    (the selection's plan holds it: two runs in one process keep their own)."""
 
+    records: int = 0
+    cases: int = 0
+    calls: int = 0
+    not_judged: NotJudged = dataclasses.field(default_factory=NotJudged)
 
-def reset() -> None:
-    NOT_JUDGED.counts.clear()
-    INDEXED.update(records=0, cases=0, calls=0)
+    def add(self, idx: "Index") -> None:
+        self.not_judged.merge(idx.not_judged)
+        self.records += idx.records
+        self.cases += len(idx.cases)
+        self.calls += sum(c.source.calls for c in idx.cases)
+
+    def meta(self) -> dict:
+        """results.json's "recorded" entry (empty when the run read no recorded source)."""
+        if not self.records and not self.not_judged.counts:
+            return {}
+        return {"recorded": {"records": self.records, "cases": self.cases,
+                             "calls": self.calls, "not_judged": self.not_judged.as_list()}}
 
 
 INDEX_VERSION = "2"  # bump when what an index holds changes
@@ -597,21 +612,12 @@ def cached_index(path, ops=None) -> Index:
     return idx
 
 
-def load(path: str, ops=None) -> list[Case]:
-    """The cases of a recorded source; what was not judged is kept for the report."""
+def load(path: str, ops=None, summary: Summary | None = None) -> list[Case]:
+    """The cases of a recorded source; what was not judged goes into ``summary``."""
     idx = cached_index(path, ops)
-    NOT_JUDGED.merge(idx.not_judged)
-    INDEXED["records"] += idx.records
-    INDEXED["cases"] += len(idx.cases)
-    INDEXED["calls"] += sum(c.source.calls for c in idx.cases)
+    if summary is not None:
+        summary.add(idx)
     return idx.cases
-
-
-def report_meta() -> dict:
-    """results.json's "recorded" entry: records read, cases, calls, and the not judged."""
-    if not INDEXED["records"] and not NOT_JUDGED.counts:
-        return {}
-    return {"recorded": {**INDEXED, "not_judged": NOT_JUDGED.as_list()}}
 
 
 # -- what a running case loads -------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from verify.comparator import dtypes as dt
 from verify.specs import registry
+from verify.cases import recorded
 from verify.cases.case import Case, load_dir, load_file
 from verify.errors import ConfigError, unknown_name
 
@@ -41,13 +42,13 @@ def default_case_sources() -> list[str]:
     return sources
 
 
-def load_sources(sources: Sequence[str], ops=None) -> list[Case]:
-    """Cases of several folders or single files."""
-    from verify.cases import recorded
+def load_sources(sources: Sequence[str], ops=None, summary=None) -> list[Case]:
+    """Cases of several folders or single files; ``summary`` (recorded.Summary) gathers
+    what recorded sources did not judge."""
     cases: list[Case] = []
     for src in sources:
         if recorded.is_recorded_source(src):  # an msprobe dump or a capture folder
-            cases.extend(recorded.load(src, ops))
+            cases.extend(recorded.load(src, ops, summary))
         elif Path(src).is_file():
             found = load_file(src)
             cases.extend(c for c in found if ops is None or c.op in ops)
@@ -77,6 +78,7 @@ class Plan:
     items: list[tuple[Case, registry.Kernel]]
     cases: list[Case]
     backends: list[str]
+    recorded: recorded.Summary = field(default_factory=recorded.Summary)
 
 
 def expand_op_names(names: Sequence[str]) -> list[str]:
@@ -93,8 +95,9 @@ def expand_op_names(names: Sequence[str]) -> list[str]:
     return out
 
 
-def select_cases(sel: Selection) -> list[Case]:
-    """The cases of the selection (folder, levels, ops, dtypes); ConfigError if none."""
+def select_cases(sel: Selection, summary=None) -> list[Case]:
+    """The cases of the selection (folder, levels, ops, dtypes); ConfigError if none.
+    ``summary`` (recorded.Summary) gathers what recorded sources did not judge."""
     registry.load_builtin()
     for module in sel.kernel_modules or ():
         registry.load_user_module(module)
@@ -106,11 +109,9 @@ def select_cases(sel: Selection) -> list[Case]:
         except KeyError as exc:
             raise ConfigError(f"unknown dtype {exc} (--dtype); known: "
                               f"{', '.join(dt.DTYPE_NAMES)}") from None
-    from verify.cases import recorded
-    recorded.reset()
     sources = [sel.cases_dir] if sel.cases_dir else default_case_sources()
     cases_dir = ", ".join(sources)
-    cases = load_sources(sources, ops)
+    cases = load_sources(sources, ops, summary)
     levels = sel.levels()
     if levels is not None:
         known_levels = sorted({c.level for c in cases})
@@ -137,9 +138,9 @@ def select_cases(sel: Selection) -> list[Case]:
 
 
 def build(sel: Selection) -> Plan:
-    cases = select_cases(sel)
+    summary = recorded.Summary()
+    cases = select_cases(sel, summary)
     if any(c.source is not None for c in cases) or "recorded" in (sel.backends or ()):
-        from verify.cases import recorded
         recorded.register_backend(cases)
     registry.load_backends(sel.backends or
                            [b for b, spec in registry.backends().items() if spec.default])
@@ -156,13 +157,12 @@ def build(sel: Selection) -> Plan:
                     if spec.default and (not registry.optional_backend(b)
                                          or spec.available()[0])]
     # the recorded backend judges recorded calls only: it has no outputs for other cases
-    from verify.cases import recorded
     items = [(c, k) for c in cases for k in registry.kernels(c.op, backends)
              if recorded.runs(c, k)]
     if not items:
         raise ConfigError(f"no kernel of backend(s) {', '.join(backends)} for the selected "
                           f"ops ({', '.join(sorted({c.op for c in cases}))})")
-    return Plan(items=items, cases=cases, backends=backends)
+    return Plan(items=items, cases=cases, backends=backends, recorded=summary)
 
 
 def check_count(value, option: str, most: int = 1_000_000) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -447,14 +448,11 @@ def store_problem(store_dir: str, exc: BaseException) -> str:
             f"in memory and stores none; {hint}")
 
 
-_RESOLVER: GoldenResolver | None = None
-
-
 def configure(store: str | None = None, registry: str | None = None,
               required: bool = False, verify_fetched: float | None = None) -> GoldenResolver:
-    """Set the run's golden sources (``--store``, ``--registry``, ``--registry-required``,
-    ``--verify-fetched``; defaults from VERIFY_STORE and VERIFY_REGISTRY)."""
-    global _RESOLVER
+    """A run's golden sources (``--store``, ``--registry``, ``--registry-required``,
+    ``--verify-fetched``; defaults from VERIFY_STORE and VERIFY_REGISTRY): a new resolver,
+    held by the run's context (verify/running/context.py), never a module global."""
     store_dir = str(store or default_store_dir())
     if os.path.exists(store_dir) and not os.path.isdir(store_dir):
         raise ConfigError(f"--store {store_dir}: not a folder")
@@ -477,10 +475,18 @@ def configure(store: str | None = None, registry: str | None = None,
         notices.warn(f"golden registry {url} is not reachable; goldens come from the local "
                      f"store or are computed")
         client = None
-    _RESOLVER = GoldenResolver(store_obj, client, required, store_dir,
-                               VERIFY_FETCHED if verify_fetched is None else verify_fetched)
-    return _RESOLVER
+    return GoldenResolver(store_obj, client, required, store_dir,
+                          VERIFY_FETCHED if verify_fetched is None else verify_fetched)
+
+
+_DEFAULT: list[GoldenResolver] = []
+_DEFAULT_LOCK = threading.Lock()
 
 
 def resolver() -> GoldenResolver:
-    return _RESOLVER if _RESOLVER is not None else configure()
+    """The default sources (VERIFY_STORE, VERIFY_REGISTRY), for code outside a run: one
+    per process, made on first use. A run uses its own (``configure``)."""
+    with _DEFAULT_LOCK:
+        if not _DEFAULT:
+            _DEFAULT.append(configure())
+        return _DEFAULT[0]

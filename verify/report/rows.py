@@ -63,6 +63,8 @@ FIELDS: tuple[Field, ...] = tuple(
     # identical calls it stands for
     + _f(["record"], str) + _f(["step", "rank"], int) + _f(["module"], str)
     + _f(["calls"], int) + _f(["recorded_device"], str)
+    # verify strategies: the kernel's median time over its timed calls
+    + _f(["median_s"], float)
     # results.json only
     + _f(["step_metrics", "diff_table", "histogram", "heatmap"], object, csv=False)
 )

@@ -23,7 +23,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-from verify.running import runner
 
 NOTES_ENV = "VERIFY_FAULT_NOTES"
 RESTARTS = 100_000  # a crashed worker is replaced every time: each crash is one row
@@ -44,23 +43,23 @@ def prepare(config) -> None:
         opt.maxworkerrestart = str(RESTARTS)
 
 
-def configure(config) -> None:
+def configure(config):
     """The controller makes the notes folder (its workers inherit it through the
     environment); a worker writes its fatal-signal dump there and ends itself when a
     case is stuck past its limit. In a run without workers, a stuck case can only be
-    reported."""
+    reported. Returns the run context's on_stuck(seconds, phase)."""
     if hasattr(config, "workerinput"):
         notes = os.environ.get(NOTES_ENV)
         if notes and Path(notes).is_dir():
             crash = open(Path(notes) / f"{os.getpid()}.crash", "w")  # noqa: SIM115 (kept open)
             config._verify_crash_file = crash
             faulthandler.enable(file=crash, all_threads=False)
-            runner.CASE_LIMIT["on_stuck"] = _end_worker(Path(notes))
-        return
+            return _end_worker(Path(notes))
+        return None
     notes = tempfile.mkdtemp(prefix="verify-faults-")
     os.environ[NOTES_ENV] = notes
     config._verify_notes = Path(notes)
-    runner.CASE_LIMIT["on_stuck"] = _report_stuck
+    return _report_stuck
 
 
 def cleanup(config) -> None:
@@ -72,8 +71,7 @@ def cleanup(config) -> None:
 
 
 def _end_worker(notes: Path):
-    def on_stuck(seconds: float) -> None:
-        phase = runner._PHASE[0]
+    def on_stuck(seconds: float, phase: str) -> None:
         (notes / f"{os.getpid()}.stuck").write_text(
             f"timed out after {seconds:g} s while {phase}, and never returned to Python "
             f"(its worker was ended; --case-timeout {seconds:g}, 0: no limit)")
@@ -82,10 +80,10 @@ def _end_worker(notes: Path):
     return on_stuck
 
 
-def _report_stuck(seconds: float) -> None:
+def _report_stuck(seconds: float, phase: str) -> None:
     log.error("a case is still running %g s past its time limit and cannot be interrupted "
-              "in this process (-n 0 runs kernels in the run's own process: without it, "
-              "it would be ended and reported as an ERROR row)", seconds)
+              "in this process while %s (-n 0 runs kernels in the run's own process: "
+              "without it, it would be ended and reported as an ERROR row)", seconds, phase)
 
 
 # the controller's view of its workers: worker id -> (pid, exit status) of one that died

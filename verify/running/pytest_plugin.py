@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from verify.running import deadline
+from verify.running import context, deadline
 from verify.running import devices
 from verify.running import isolation
 from verify.running import runner
 from verify.golden import source as golden_source
 from verify import notices
-from verify.cases import recorded
 from verify.cases import selection
 from verify.cases import shards
 from verify.report import results
@@ -112,19 +111,17 @@ def pytest_configure(config):
         devices.pin_worker(config.workerinput.get("workerid"))
         devices.share_cpu(int(config.workerinput.get("workercount") or 1))
     try:
-        runner.TIMING["repeats"] = selection.check_count(config.getoption("verify_time") or 0,
-                                                         "time")
-        runner.CASE_LIMIT["seconds"] = deadline.check_seconds(
-            config.getoption("--case-timeout"))
+        repeats = selection.check_count(config.getoption("verify_time") or 0, "time")
+        case_timeout = deadline.check_seconds(config.getoption("--case-timeout"))
         if not config.getoption("--progress-every") >= 0:
             raise ConfigError("--progress-every must be a number of seconds >= 0")
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
-    isolation.configure(config)
+    on_stuck = isolation.configure(config)
     if not hasattr(config, "workerinput") and not getattr(config.option, "numprocesses", 0):
         # -n 0: kernels run in this process; one stuck past its limit ends the run here
         # after its rows are written (there is no worker to end and replace)
-        runner.CASE_LIMIT["on_stuck"] = _end_stuck_serial_run
+        on_stuck = _end_stuck_serial_run
     config._verify_threads = {t.ident for t in threading.enumerate()}
     sel = selection.Selection(
         level=config.getoption("--level"), cases_dir=config.getoption("--cases"),
@@ -134,20 +131,24 @@ def pytest_configure(config):
     try:
         config._verify_plan = selection.build(sel)
         _take_shard(config)
-        runner.BENCHMARK["backend"] = selection.check_benchmark_backend(
-            config.getoption("--benchmark-backend"))
+        bench = selection.check_benchmark_backend(config.getoption("--benchmark-backend"))
         selection.check_environment()
         selection.check_registry_url(config.getoption("--registry"))
         fetched = config.getoption("--verify-fetched")
         if fetched is not None and not 0.0 <= fetched <= 1.0:
             raise ConfigError(f"--verify-fetched must be a fraction from 0 to 1, not {fetched}")
-        golden_source.configure(config.getoption("--store"), config.getoption("--registry"),
-                                config.getoption("--registry-required"), fetched)
+        resolver = golden_source.configure(
+            config.getoption("--store"), config.getoption("--registry"),
+            config.getoption("--registry-required"), fetched)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    # the run's settings, passed to every case (verify/running/context.py)
+    config._verify_ctx = context.RunContext(resolver=resolver, case_timeout=case_timeout,
+                                            on_stuck=on_stuck, time_repeats=repeats,
+                                            benchmark_backend=bench)
     config._verify_rows = []
     config._verify_by_name = {item_name(c, k): (c, k) for c, k in config._verify_plan.items}
-    golden_source.resolver().designate(c for c, _ in config._verify_plan.items)
+    resolver.designate(c for c, _ in config._verify_plan.items)
     if not hasattr(config, "workerinput"):
         try:
             selection.check_keyword(config.getoption("keyword"))
@@ -207,7 +208,7 @@ class CaseItem(pytest.Item):
 
     def runtest(self):
         _CURRENT[:] = [self]
-        rows = runner.run_case(self.case, self.kern)
+        rows = runner.run_case(self.case, self.kern, self.config._verify_ctx)
         _CURRENT.clear()
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         for r in rows:
@@ -393,20 +394,26 @@ def _write_report(config, rows: list[dict], interrupted: str = "") -> None:
             "environment": results.environment(), "warnings": warnings,
             "timing": timing, "selection": config._verify_selection,
             "shard": config._verify_shard, "harness": shards.harness_id(),
-            **recorded.report_meta()}
+            **_recorded_meta(config)}
     if interrupted:
         meta["interrupted"] = interrupted
     results.write(rows, config._verify_run_dir, meta)
 
 
-def _end_stuck_serial_run(seconds: float) -> None:
+def _recorded_meta(config) -> dict:
+    """results.json's "recorded" entry of this run's plan (its not-judged list)."""
+    plan = getattr(config, "_verify_plan", None)
+    return plan.recorded.meta() if plan is not None else {}
+
+
+def _end_stuck_serial_run(seconds: float, phase: str) -> None:
     """The watchdog's action under -n 0: the case never returned to Python past its limit
     plus the grace. Write every row so far and an ERROR row for the stuck case, then end
     the process (exit 1): nothing else can stop code that ignores SIGALRM."""
     try:
         config = _CONFIG[0]
         item = _CURRENT[0] if _CURRENT else None
-        reason = (f"timed out after {seconds:g} s while {runner._PHASE[0]}, and never "
+        reason = (f"timed out after {seconds:g} s while {phase}, and never "
                   f"returned to Python: -n 0 runs kernels in the run's own process, so the "
                   f"run was ended after writing its rows (--case-timeout {seconds:g}, 0: no "
                   f"limit; without -n 0 its worker is ended and a fresh one runs the rest)")
@@ -537,7 +544,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write(results.summary_text(rows, config._verify_run_dir, color=tr.hasmarkup,
                                   width=max(80, tr._tw.fullwidth),
                                   verbose=config.option.verbose > 0,
-                                  recorded=recorded.report_meta().get("recorded")))
+                                  recorded=_recorded_meta(config).get("recorded")))
     if not config.getoption("--backend"):
         for line in selection.unavailable_backends():
             tr.write_line(f"not run here: backend {line}")

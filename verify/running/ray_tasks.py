@@ -44,29 +44,31 @@ def _module_path(spec: str, cwd: str) -> str:
     return spec if os.path.isabs(spec) else os.path.abspath(spec)
 
 
-def setup(ctx: NodeContext) -> None:
-    """Load the op pack, the user's modules and backends, and configure goldens and
-    limits, as the driver's selection did."""
+def setup(ctx: NodeContext):
+    """Load the op pack, the user's modules and backends, and build the run context
+    (goldens, limits, timing) the driver's selection had; a process reused within one
+    run keeps the one it built."""
     if _READY.get("context") == repr(ctx):  # a golden process reused within one run
-        return
+        return _READY["run"]
     for folder in (ctx.cwd, os.getcwd()):
         if os.path.isdir(folder) and folder not in sys.path:
             sys.path.append(folder)
     from verify.golden import source as golden_source
     from verify.specs import registry
-    from verify.running import runner
+    from verify.running import context
     from verify.cases import selection
     registry.load_builtin()
     for module in ctx.kernel_modules:
         registry.load_user_module(_module_path(module, ctx.cwd))
     registry.load_backends(ctx.backends or None)
-    golden_source.configure(ctx.store, ctx.registry, ctx.registry_required,
-                            ctx.verify_fetched)
-    runner.TIMING["repeats"] = ctx.time_repeats
-    runner.CASE_LIMIT["seconds"] = ctx.case_timeout
-    runner.CASE_LIMIT["on_stuck"] = None  # the driver ends a task stuck past its limit
-    runner.BENCHMARK["backend"] = selection.check_benchmark_backend(ctx.benchmark_backend)
+    resolver = golden_source.configure(ctx.store, ctx.registry, ctx.registry_required,
+                                       ctx.verify_fetched)
+    # on_stuck None: the driver ends a task stuck past its limit
+    _READY["run"] = context.RunContext(
+        resolver=resolver, case_timeout=ctx.case_timeout, time_repeats=ctx.time_repeats,
+        benchmark_backend=selection.check_benchmark_backend(ctx.benchmark_backend))
     _READY["context"] = repr(ctx)
+    return _READY["run"]
 
 
 def where() -> dict:
@@ -136,10 +138,9 @@ def golden_task(ctx: NodeContext, case, key: str, clock, token: str) -> dict:
     place = where()
     clock.started.remote(token, started, place)
     try:
-        setup(ctx)
+        resolver = setup(ctx).resolver
         from verify.golden import source as golden_source
         from verify.specs import registry
-        resolver = golden_source.resolver()
         golden = resolver.get(registry.op(case.op), case)
         # computed goldens were pushed by get(); one found in this node's store may be
         # missing from the registry, where kernel tasks on other nodes look for it
@@ -160,7 +161,7 @@ def kernel_task(ctx: NodeContext, case, backend: str, kernel: str, clock, token:
     started = time.time()
     place = where()
     clock.started.remote(token, started, place)
-    setup(ctx)
+    run_ctx = setup(ctx)
     from verify import notices
     from verify.specs import registry
     from verify.running import runner
@@ -169,7 +170,7 @@ def kernel_task(ctx: NodeContext, case, backend: str, kernel: str, clock, token:
         from verify.cases import recorded
         recorded.register_backend([case])
     kern = next(k for k in registry.kernels(case.op, [backend]) if k.name == kernel)
-    rows = runner.run_case(case, kern)
+    rows = runner.run_case(case, kern, run_ctx)
     case_s = time.time() - set_up
     for r in rows:
         r["worker"] = place["worker"]

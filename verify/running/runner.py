@@ -14,6 +14,8 @@ import statistics
 import time
 import traceback
 
+import threading
+
 import torch
 
 from verify.comparator import dtypes as dt
@@ -25,7 +27,7 @@ from verify.comparator.comparison import compare, compare_topk, resolve_standard
 from verify.report.difftable import worst_elements
 from verify.errors import Unsupported
 from verify.golden import compute_floor as cfl
-from verify.running import deadline
+from verify.running import context, deadline
 from verify.running import triton_probe
 from verify.golden import source as golden_source
 from verify.comparator import plotdata
@@ -271,20 +273,23 @@ def _kernel_grads(spec, case, kern, device, first_inputs, graph, upstream) -> di
 # or a library it calls that exits); KeyboardInterrupt still stops the run.
 KERNEL_FAULTS = (Exception, SystemExit)
 
-TIMING = {"repeats": 0}  # --time: kernel calls timed per case (0: no timing)
-BENCHMARK = {"backend": None}  # --benchmark-backend: msprobe's benchmark standard
-_BENCH_CACHE: dict = {}  # the benchmark kernel's outputs of the case run last
+# the benchmark kernel's outputs of the case this thread ran last: kept across the
+# kernels of one case, which run one after the other
+_BENCH = threading.local()
 
 
-def _benchmark_outputs(spec, case, first_inputs, golden_step=None):
+def _benchmark_outputs(spec, case, first_inputs, bench_backend, golden_step=None):
     """(benchmark kernel, its last-step outputs, gradients included for a backward case)
     for this case, run once per case."""
-    key = (case.file, case.level, case.id, case.mode)
-    if key not in _BENCH_CACHE:
-        _BENCH_CACHE.clear()
-        kerns = registry.kernels(case.op, [BENCHMARK["backend"]])
+    key = (case.file, case.level, case.id, case.mode, bench_backend)
+    cache = getattr(_BENCH, "cache", None)
+    if cache is None:
+        cache = _BENCH.cache = {}
+    if key not in cache:
+        cache.clear()
+        kerns = registry.kernels(case.op, [bench_backend])
         if not kerns:
-            _BENCH_CACHE[key] = (None, None)
+            cache[key] = (None, None)
         else:
             bench = registry.backend(kerns[0].backend)
             steps, _, _, graph = _run_forward(spec, case, kerns[0], bench.device, first_inputs)
@@ -294,17 +299,16 @@ def _benchmark_outputs(spec, case, first_inputs, golden_step=None):
                 upstream = golden_source.upstream_for(spec, case, golden_step)
                 steps[0].update(_kernel_grads(spec, case, kerns[0], bench.device,
                                               first_inputs, graph, upstream))
-            _BENCH_CACHE[key] = (kerns[0], steps[-1])
-    return _BENCH_CACHE[key]
+            cache[key] = (kerns[0], steps[-1])
+    return cache[key]
 
 
 def _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps, golden,
-                    k_seconds) -> list[dict]:
+                    k_seconds, label: str) -> list[dict]:
     """One row per floating output: the kernel judged against the benchmark backend's
     kernel on the same inputs (verify/benchmark.py), beside the op's own standard."""
-    label = BENCHMARK["backend"]
     try:
-        bench_kern, bench_out = _benchmark_outputs(spec, case, first_inputs, g_steps[0])
+        bench_kern, bench_out = _benchmark_outputs(spec, case, first_inputs, label, g_steps[0])
     except Exception as exc:
         return [_row(base, output=f"vs {label}", standard="benchmark", verdict="ERROR",
                      reason=f"benchmark kernel raised {_error_text(exc)}")]
@@ -337,13 +341,10 @@ def _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps, gold
         row.update(v.extra)
         rows.append(row)
     return rows
-_NOTES: dict = {}
-
-
 def note(key: str, value) -> None:
     """A kernel's own figure for the current case (PyPTO's modelled AICore time, say):
-    it becomes a column of the case's rows."""
-    _NOTES[key] = value
+    it becomes a column of the case's rows (the running thread's case)."""
+    context.case_state().notes[key] = value
 
 
 def time_kernel(case: Case, kern: registry.Kernel, repeats: int,
@@ -393,10 +394,6 @@ def _raised_expected(exc: BaseException, expected: str) -> bool:
 
 # --case-timeout: seconds per case (None: the level's default, 0: no limit), and what the
 # watchdog does when a timed-out case never returns to Python (see verify/deadline.py)
-CASE_LIMIT = {"seconds": None, "on_stuck": None}
-_PHASE = ["starting"]  # what the case is doing now, for a time-out's reason
-
-
 _WARM: list[bool] = []
 
 
@@ -410,16 +407,23 @@ def _warm_comparator() -> None:
         compare(x, x.double(), standard="cann_v2", floor=False)
 
 
-def run_case(case: Case, kern: registry.Kernel) -> list[dict]:
-    """Every result row of ``case`` run by ``kern``; past its time limit, one ERROR row."""
+def run_case(case: Case, kern: registry.Kernel,
+             ctx: context.RunContext | None = None) -> list[dict]:
+    """Every result row of ``case`` run by ``kern`` under the run's settings ``ctx``
+    (None: the default store, no timing); past its time limit, one ERROR row."""
+    ctx = ctx or context.default()
     _warm_comparator()
-    seconds = deadline.seconds_for(case.level, CASE_LIMIT["seconds"])
-    _PHASE[0] = "making inputs"
+    seconds = deadline.seconds_for(case.level, ctx.case_timeout)
+    state = context.new_case_state()
+    state.phase = "making inputs"
+    # the watchdog thread calls it: it reads this case's phase from the state object
+    on_stuck = None if ctx.on_stuck is None else (
+        lambda s, _stuck=ctx.on_stuck: _stuck(s, state.phase))
     try:
-        with deadline.time_limit(seconds, CASE_LIMIT["on_stuck"]):
-            rows = _run_case(case, kern)
+        with deadline.time_limit(seconds, on_stuck):
+            rows = _run_case(case, kern, ctx, state)
     except deadline.CaseTimeout as exc:
-        rows = [vanished_row(case, kern, f"{exc} while {_PHASE[0]} (--case-timeout "
+        rows = [vanished_row(case, kern, f"{exc} while {state.phase} (--case-timeout "
                                          f"{seconds:g}; 0: no limit)")]
     _interpreter_warning(rows, case, kern, registry.backend(kern.backend))
     for r in rows:  # every field a row carries is declared (verify/report/rows.py)
@@ -458,7 +462,8 @@ def judged_case(case: Case, kern: registry.Kernel) -> Case:
     return case
 
 
-def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
+def _run_case(case: Case, kern: registry.Kernel, ctx: context.RunContext,
+              state: context.CaseState) -> list[dict]:
     spec = registry.op(case.op)
     backend = registry.backend(kern.backend)
     base = _base_row(case, kern, backend)
@@ -482,7 +487,7 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="ERROR", reason=f"making inputs: {_error_text(exc)}")]
 
     if case.expect_error:
-        _PHASE[0] = "running the kernel"
+        state.phase = "running the kernel"
         try:
             _kernel_trajectory(spec, case, kern, backend.device, first_inputs)
         except KernelSignatureError as exc:  # not the wrapper's check: a mis-declared kernel
@@ -497,8 +502,8 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="FAIL", standard="expect_error",
                      reason=f"expected {case.expect_error}; the kernel accepted the inputs")]
 
-    _NOTES.clear()
-    _PHASE[0] = "running the kernel"
+    state.notes.clear()
+    state.phase = "running the kernel"
     try:
         k_steps, last_inputs, k_seconds, graph = _run_forward(spec, case, kern, backend.device,
                                                               first_inputs)
@@ -508,10 +513,10 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
         return [_row(base, verdict="SKIP", reason=f"kernel does not support this case: {exc}")]
     except KERNEL_FAULTS as exc:
         return [_row(base, verdict="ERROR", reason=f"kernel raised {_error_text(exc)}")]
-    base.update(_NOTES)
-    _PHASE[0] = "getting the golden"
+    base.update(state.notes)
+    state.phase = "getting the golden"
     try:
-        golden = golden_source.resolver().get(spec, case, first_inputs)
+        golden = ctx.resolver.get(spec, case, first_inputs)
     except golden_source.RegistryUnavailable as exc:  # --registry-required
         return [_row(base, verdict="ERROR", reason=f"registry unavailable: {exc}")]
     except golden_source.GoldenDisputed as exc:  # a poisoned golden: never a green row
@@ -519,11 +524,11 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
     except Exception as exc:
         return [_row(base, verdict="ERROR", reason=f"golden raised {_error_text(exc)}")]
     g_steps = [golden.step(s) for s in range(len(golden.trajectory))]
-    _PHASE[0] = "running the kernel"
+    state.phase = "running the kernel"
     as_recorded = kern.backend == recorded.BACKEND  # the outputs are the record's
-    if TIMING["repeats"] and not as_recorded:
+    if ctx.time_repeats and not as_recorded:
         try:
-            base["kernel_median_s"] = time_kernel(case, kern, TIMING["repeats"], first_inputs)
+            base["kernel_median_s"] = time_kernel(case, kern, ctx.time_repeats, first_inputs)
         except KERNEL_FAULTS as exc:
             return [_row(base, verdict="ERROR", reason=f"timing: {_error_text(exc)}")]
 
@@ -547,10 +552,10 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             grad_skip = f"kernel does not support this backward: {exc}"
         except KERNEL_FAULTS as exc:
             grad_error = f"kernel backward raised {_error_text(exc)}"
-    _PHASE[0] = "comparing"
+    state.phase = "comparing"
     rows = []
     alt = Alternatives(spec, case, first_inputs, g_steps[0]) if spec.reuse else None
-    floors = ComputeFloor(spec, case, first_inputs)
+    floors = ComputeFloor(spec, case, first_inputs, ctx.resolver)
     if grad_skip and not case.backward:  # forward-only kernel of a forward+backward case
         rows += [_row(base, output=g, verdict="SKIP", reason=grad_skip,
                       out_dtype=dt.name_of(spec.output_dtype(g, case.dtype, case.params)))
@@ -577,9 +582,9 @@ def _run_case(case: Case, kern: registry.Kernel) -> list[dict]:
             rows.append(_row(row, verdict="ERROR", reason=(
                 str(exc) if isinstance(exc, KernelOutputError)
                 else f"comparing: {_error_text(exc)}")))
-    if BENCHMARK["backend"] and kern.backend != BENCHMARK["backend"] and not as_recorded:
+    if ctx.benchmark_backend and kern.backend != ctx.benchmark_backend and not as_recorded:
         rows += _benchmark_rows(base, spec, case, kern, first_inputs, k_steps, g_steps,
-                                golden, k_seconds)
+                                golden, k_seconds, ctx.benchmark_backend)
     for view in case.views:
         out_name = view["output"]
         if out_name not in names or out_name not in k_steps[-1]:
@@ -704,8 +709,9 @@ class ComputeFloor:
     """The case's compute-precision floor (verify/compute_floor.py), evaluated once per
     case when an output first asks for it; an op or case without one gives None."""
 
-    def __init__(self, spec, case, first_inputs):
+    def __init__(self, spec, case, first_inputs, resolver):
         self.spec, self.case, self.inputs = spec, case, first_inputs
+        self.resolver = resolver
         self._steps = None
         self.error = ""
 
@@ -730,7 +736,7 @@ class ComputeFloor:
             steps = cfl.trajectory(spec, case, self.inputs)
             return [tuple(step[n] for n in names) for step in steps]
 
-        traj = golden_source.resolver().derived(cfl.store_key(spec, base), base,
+        traj = self.resolver.derived(cfl.store_key(spec, base), base,
                                                 "compute_floor", spec, case, self.inputs,
                                                 names, compute)
         return [dict(zip(names, step)) for step in traj]

@@ -10,6 +10,7 @@ import math
 import statistics
 
 from verify.golden import source as golden_source
+from verify.running import context
 from verify.specs import registry
 from verify.running import runner
 from verify.cases import selection
@@ -31,11 +32,11 @@ def run(op: str, level: str = "L0", cases_dir: str | None = None, dtypes=None,
     kernels = registry.kernels(spec.name, list(BACKENDS))
     if len(kernels) < 1:
         raise ConfigError(f"op '{spec.name}' has no kernels to compare")
-    golden_source.configure(store)
+    run_ctx = context.RunContext(resolver=golden_source.configure(store))
     rows, table = [], []
     for case in cases:
         for kern in kernels:
-            case_rows = runner.run_case(case, kern)
+            case_rows = runner.run_case(case, kern, run_ctx)
             seconds = None
             if not case.expect_error and all(r["verdict"] in ("PASS", "FAIL") for r in case_rows):
                 seconds = runner.time_kernel(case, kern, repeats)

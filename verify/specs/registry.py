@@ -24,6 +24,7 @@ import math
 import os
 import pkgutil
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -555,6 +556,8 @@ def backward_kernel(op: str, backend: str = "torch", name: str | None = None):
 
 # -- discovery -----------------------------------------------------------------------
 _LOADED = False
+_LOADING = False  # this thread is loading (a nested call returns)
+_LOAD_LOCK = threading.RLock()
 _BUILTIN_GOLDENS = "verify.goldens"
 _BUILTIN_KERNELS = ("verify.kernels.torch", "verify.kernels.mutants",
                     "verify.kernels.strategies")
@@ -570,19 +573,27 @@ def _import_tree(pkg_name: str) -> None:
 def load_builtin() -> None:
     """Import the built-in goldens and core kernels (once), announce the optional
     backends without importing them, then load installed op packs."""
-    global _LOADED
+    global _LOADED, _LOADING
     if _LOADED:
         return
-    _LOADED = True
-    from verify.kernels import OPTIONAL_BACKENDS, prepare_optional_backends
-    prepare_optional_backends()
-    _import_tree(_BUILTIN_GOLDENS)
-    for pkg_name in _BUILTIN_KERNELS:
-        _import_tree(pkg_name)
-    for backend in OPTIONAL_BACKENDS:
-        if backend.name not in _BACKENDS:
-            register_backend(backend)
-    _load_packs()
+    # one thread loads while the others wait: a second thread once saw the pack half
+    # loaded ("unknown op 'lion'"). The loading thread's own nested calls return at once.
+    with _LOAD_LOCK:
+        if _LOADED or _LOADING:
+            return
+        _LOADING = True
+        try:
+            from verify.kernels import OPTIONAL_BACKENDS, prepare_optional_backends
+            prepare_optional_backends()
+            _import_tree(_BUILTIN_GOLDENS)
+            for pkg_name in _BUILTIN_KERNELS:
+                _import_tree(pkg_name)
+            for backend in OPTIONAL_BACKENDS:
+                if backend.name not in _BACKENDS:
+                    register_backend(backend)
+            _load_packs()
+        finally:
+            _LOADED, _LOADING = True, False
 
 
 def _load_packs() -> None:
