@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 import verify
+import verify.cases.case  # noqa: F401  (verify.cases.case.load_file, below)
 from verify.errors import CaseFileError
 
 from helpers import run_cli, write_cases
@@ -161,7 +162,7 @@ def test_bad_backward_case_fields_name_the_field(tmp_path, case, field, message)
     op = "mean" if case["id"] == "a" else "rmsnorm_without_weight"
     path = write_cases(tmp_path, {"op": op, "levels": {"L0": [case]}})
     with pytest.raises(CaseFileError) as err:
-        verify.cases.load_file(path)
+        verify.cases.case.load_file(path)
     text = str(err.value)
     assert field in text and message in text and case["id"] in text
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import verify
+import verify.specs.registry  # noqa: F401  (verify.specs.registry, below)
 from verify.comparator import dtypes as dt
 from verify.comparator import metrics
 from verify.cases import selection
@@ -87,7 +88,7 @@ def test_unknown_names_get_did_you_mean_or_the_kernels_hint():
     with pytest.raises(ConfigError, match="declared in a --kernels module"):
         selection.expand_op_names(["qqq_private_fusion"])
     with pytest.raises(ConfigError, match="did you mean 'triton'"):
-        verify.registry.backend("tritn")
+        verify.specs.registry.backend("tritn")
 
 
 def test_a_uniform_scale_error_is_not_called_a_conversion():

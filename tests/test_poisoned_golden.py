@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import verify
+import verify.specs.registry  # noqa: F401  (verify.specs.registry, below)
 from verify.golden import registry_records as rr
 from verify.golden.registry_client import DISPUTED_HEADER, RegistryClient
 from verify.golden.store import GoldenStore
@@ -51,7 +52,7 @@ def poisoned(tmp_path):
 
 def _flipped_lion():
     """The attack's other half: a lion kernel whose outputs are sign-flipped."""
-    good = verify.registry.kernels("lion", ["torch"])[0].fn
+    good = verify.specs.registry.kernels("lion", ["torch"])[0].fn
 
     @verify.kernel("lion", backend="flipped")
     def lion(**kw):

@@ -102,6 +102,7 @@ import signal
 import time
 
 import verify
+import verify.specs.registry  # noqa: F401  (verify.specs.registry, below)
 
 FIRST = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")  # read once, as a device runtime does
 LOG = os.path.join(os.path.dirname(__file__), "calls")
@@ -109,7 +110,7 @@ verify.backend("fake_npu", resources={"NPU": 1})
 
 
 def _reference(**kw):
-    return verify.registry.kernels("lion", ["torch"])[0].fn(**kw)
+    return verify.specs.registry.kernels("lion", ["torch"])[0].fn(**kw)
 
 
 @verify.kernel("lion", backend="fake_npu")
@@ -212,7 +213,7 @@ def slow(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):
         f.write(ray.get_runtime_context().get_node_id())
     time.sleep(3)
     os.remove(mark)
-    return verify.registry.kernels("lion", ["torch"])[0].fn(
+    return verify.specs.registry.kernels("lion", ["torch"])[0].fn(
         weight=weight, grad=grad, exp_avg=exp_avg, lr=lr, beta1=beta1, beta2=beta2,
         weight_decay=weight_decay)
 '''

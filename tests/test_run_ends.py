@@ -163,7 +163,7 @@ def test_processes_a_kernel_starts_do_not_outlive_the_run(tmp_path):
 
 
 def test_a_case_keeps_the_callers_alarm():
-    """verify.runner.run_case puts an embedding program's own signal.alarm back."""
+    """verify.running.runner.run_case puts an embedding program's own signal.alarm back."""
     from verify.running import deadline
     fired = []
     old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
