@@ -173,6 +173,15 @@ assert not any(r.get("kernel_median_s") for r in rb.rows)
 ka = {e.meta["op"] for e in GoldenStore(sys.argv[1]).entries()}
 kb = {e.meta["op"] for e in GoldenStore(sys.argv[2]).entries()}
 assert ka == {"lion"} and kb == {"softmax"}, (ka, kb)
+# a warning raised inside one run is that run's alone
+from verify import notices
+def warned(name):
+    with notices.collecting():
+        notices.warn(f"only {name}'s")
+        results[name] = notices.drain()
+t = [threading.Thread(target=warned, args=(n,)) for n in ("x", "y")]
+[x.start() for x in t]; [x.join() for x in t]
+assert results["x"] == ["only x's"] and results["y"] == ["only y's"], results
 print("ok", len(ra.rows), len(rb.rows))
 '''
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sa"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time as clock
@@ -81,6 +82,16 @@ def _progress(total: int):
         yield advance
 
 
+def _own_warnings(fn):
+    """The run keeps its warnings apart from any other run in this process (notices)."""
+    @functools.wraps(fn)
+    def in_its_own(*args, **kwargs):
+        with notices.collecting():
+            return fn(*args, **kwargs)
+    return in_its_own
+
+
+@_own_warnings
 def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = None,
         backends: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
         cases: str | None = None, kernels: Sequence[str] = (),
@@ -112,7 +123,6 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
         from verify.running import ray_run
         ray_run.prepare(ray)  # a bad spec or a missing extra: a usage error before anything
     run_dir = None if reports is False else results.reserve_run_dir(reports or None, run_id)
-    notices.drain()  # warnings of an earlier run in this process are not this run's
     plan = selection.build(selection.Selection(
         level=level, cases_dir=cases, ops=ops, dtypes=dtypes, backends=backends,
         kernel_modules=list(kernels)))

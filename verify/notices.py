@@ -4,27 +4,51 @@ carries them from xdist workers to the controller, past pytest's log capture, in
 terminal summary and the report (``meta.warnings``)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 
 log = logging.getLogger("verify")
-_SEEN: dict[str, None] = {}  # insertion-ordered, deduplicated
 MAX_KEPT = 200
+# the kept warnings of the run this code runs in: a run (verify.run) opens its own with
+# ``collecting()``, so two runs in two threads keep theirs apart; outside a run, the
+# process's own (insertion-ordered, deduplicated)
+_PROCESS: dict[str, None] = {}
+_CURRENT: contextvars.ContextVar[dict[str, None] | None] = contextvars.ContextVar(
+    "verify_notices", default=None)
+
+
+def _kept() -> dict[str, None]:
+    kept = _CURRENT.get()
+    return _PROCESS if kept is None else kept
 
 
 def warn(text: str) -> None:
     """Log ``text`` and keep it for the run's summary (once per distinct text)."""
-    if text in _SEEN:
+    kept = _kept()
+    if text in kept:
         return
     log.warning(text)
-    if len(_SEEN) < MAX_KEPT:
-        _SEEN[text] = None
+    if len(kept) < MAX_KEPT:
+        kept[text] = None
 
 
 def drain() -> list[str]:
     """The warnings kept since the last drain."""
-    out = list(_SEEN)
-    _SEEN.clear()
+    kept = _kept()
+    out = list(kept)
+    kept.clear()
     return out
+
+
+@contextlib.contextmanager
+def collecting():
+    """Keep the warnings of the code inside apart from any other run's."""
+    token = _CURRENT.set({})
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
 
 
 def progress_text(done: int, total: int, elapsed: float, now: str = "") -> str:
