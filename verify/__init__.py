@@ -46,6 +46,7 @@ _EXPORTS = {
     "working": "golden.compute_floor",
     "Call": "specs.calls", "NotCovered": "specs.calls", "bind": "specs.calls",
     "capture": "cases.capture", "CaptureLimit": "cases.capture",
+    "hunt": "running.hunt", "shrink": "running.shrink",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -202,6 +202,41 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--run-id", default=None)
     _add_store(st)
 
+    hn = sub.add_parser(
+        "hunt", help="search an op's input space for the inputs where a kernel is least "
+                     "precise; writes a run and found_cases.json",
+        description="Guided search over the op's declared space (shapes in its rank range "
+                    "with lengths at 1, 2^k - 1, 2^k, 2^k + 1, primes and long rows; each "
+                    "normal / uniform input's scale and mean offset) for inputs where the "
+                    "kernel FAILs by more than the compute-precision floor allows. Exit 1 "
+                    "when it found any, 0 when not, 2 on a usage error.")
+    hn.add_argument("--op", required=True, help="op name or alias")
+    hn.add_argument("--backend", required=True, help="the backend whose kernels are hunted")
+    hn.add_argument("--kernel", default=None, help="only this kernel of the backend")
+    hn.add_argument("--kernels", action="append", default=[],
+                    help="your module of kernels and/or op declarations; repeatable")
+    hn.add_argument("--dtype", action="append", default=[], help="only this dtype; repeatable")
+    hn.add_argument("--budget", type=_count, default=None,
+                    help="cases tried per kernel (default 100)")
+    hn.add_argument("--seed", type=int, default=0, help="the search's seed (default 0)")
+    hn.add_argument("--max-elements", type=_count, default=None,
+                    help="largest inputs tried, in elements over all inputs (default 2^21)")
+    hn.add_argument("--case-timeout", default=None, type=_seconds, metavar="S",
+                    help="seconds a tried case may run before it is an ERROR row")
+    hn.add_argument("--shrink", action="store_true",
+                    help="then shrink what was found (as verify shrink RUN_DIR)")
+    hn.add_argument("--reports", default=None, help="report folder (default reports/)")
+    hn.add_argument("--run-id", default=None, help="name of this run's report folder")
+    _add_store(hn)
+
+    sh = sub.add_parser(
+        "shrink", help="shrink each input a hunt found to the smallest that still fails, "
+                       "with a standalone reproducer")
+    sh.add_argument("run_dir", help="a verify hunt run folder (holding found_cases.json)")
+    sh.add_argument("--case", default=None, help="only this found case id")
+    sh.add_argument("--out", default=None, help="where to write (default RUN_DIR/shrunk)")
+    _add_store(sh)
+
     mrg = sub.add_parser("merge", help="join the shard runs of one selection into one report")
     mrg.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
                      help="the shard runs' report folders (reports/<run-id>)")
@@ -442,6 +477,38 @@ def cmd_diff(a) -> int:
     return 1 if d.regressed else 0
 
 
+def cmd_hunt(a) -> int:
+    """``verify hunt``: exit 1 when it found failing inputs, 0 when not."""
+    from verify.running import hunt
+
+    def progress(done, total, kernel):
+        if done == total or done % 10 == 0:
+            print(f"verify hunt: {kernel}: {done}/{total} cases tried", file=sys.stderr)
+
+    result = hunt.hunt(a.op, a.backend, kernels=a.kernels, dtypes=a.dtype or None,
+                       budget=a.budget or hunt.DEFAULT_BUDGET, seed=a.seed, kernel=a.kernel,
+                       max_elements=a.max_elements or hunt.MAX_ELEMENTS, reports=a.reports,
+                       run_id=a.run_id, store=a.store, case_timeout=a.case_timeout,
+                       progress=progress)
+    print(hunt.summary(result), end="")
+    if a.shrink and result.found:
+        _print_shrunk(result.run_dir, None, None, a.store)
+    return result.exit_status
+
+
+def _print_shrunk(run_dir, case, out, store) -> None:
+    from verify.running import shrink
+    for s in shrink.shrink(run_dir, case=case, out=out, store=store):
+        before, after = s["elements"]
+        print(f"{s['id']}: shape {s['entry']['shape']} ({after} elements, was {before}; "
+              f"{s['tries']} cases tried): {s['case_file']}, {s['repro']}")
+
+
+def cmd_shrink(a) -> int:
+    _print_shrunk(a.run_dir, a.case, a.out, a.store)
+    return 0
+
+
 def cmd_strategies(a) -> int:
     from pathlib import Path
 
@@ -631,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in ("run", "judge") and args.kernels and not os.environ.get(FINISHED_ENV):
         return _guarded(sys.argv[1:] if argv is None else list(argv))
-    commands = {"run": cmd_run, "judge": cmd_judge, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
+    commands = {"run": cmd_run, "judge": cmd_judge, "hunt": cmd_hunt, "shrink": cmd_shrink, "ops": cmd_ops, "serve": cmd_serve, "golden": cmd_golden,
                 "report": cmd_report, "merge": cmd_merge, "diff": cmd_diff,
                 "strategies": cmd_strategies}
     try:
