@@ -479,11 +479,16 @@ def cmd_diff(a) -> int:
 
 def cmd_hunt(a) -> int:
     """``verify hunt``: exit 1 when it found failing inputs, 0 when not."""
-    from verify.running import hunt
+    import time
 
-    def progress(done, total, kernel):
+    from verify import notices
+    from verify.running import hunt
+    started = time.time()
+
+    def progress(done, total, kernel):  # cases done and left, rate, ETA: every 10 cases
         if done == total or done % 10 == 0:
-            print(f"verify hunt: {kernel}: {done}/{total} cases tried", file=sys.stderr)
+            print(notices.progress_text(done, total, time.time() - started, now=kernel),
+                  file=sys.stderr)
 
     result = hunt.hunt(a.op, a.backend, kernels=a.kernels, dtypes=a.dtype or None,
                        budget=a.budget or hunt.DEFAULT_BUDGET, seed=a.seed, kernel=a.kernel,
