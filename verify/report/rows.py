@@ -76,10 +76,11 @@ VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
 
 
 def make(base: dict | None = None, **values: Any) -> dict:
-    """A row: ``base`` updated with ``values``; every name must be declared above."""
+    """A row: ``base`` updated with ``values``, whose names must be declared above (a
+    base may carry the figures a kernel noted, ``runner.note``: columns of its own)."""
     row = dict(base or {})
     row.update(values)
-    unknown = [k for k in row if k not in TYPES]
+    unknown = [k for k in values if k not in TYPES]
     if unknown:
         raise KeyError(f"result row fields {unknown} are not declared in "
                        f"verify/report/rows.py FIELDS")
