@@ -65,7 +65,7 @@ def test_the_wheel_holds_one_top_level_package_and_the_op_pack(wheel):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"verify"}
     assert "verify/goldens/optimizers.py" in names and "verify/kernels/torch/optimizers.py" in names
-    assert "verify/test_cases/lion.json" in names and "verify/schema/cases.schema.json" in names
+    assert "verify/test_cases/lion.json" in names and "verify/cases/schema/cases.schema.json" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "pytest11" not in text and "verify = verify.cli:main" in text
