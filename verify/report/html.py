@@ -12,7 +12,8 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from verify.report.rows import VERDICTS, complete_rows, counts, mutant_summary, passed_by_other
+from verify.report.rows import (VERDICTS, complete_rows, counts, kernel_label,  # noqa: F401
+                                mutant_summary, passed_by_other)
 from verify.report import plots
 
 MAX_FAILING_DETAILS = 24
@@ -54,14 +55,6 @@ def fmt(v) -> str:
 
 
 _ENV.filters["fmt"] = fmt
-
-
-def kernel_label(r: dict) -> str:
-    if r["kernel"] == r["op"]:
-        return r["backend"]
-    if str(r["kernel"]).startswith(f"{r['backend']}:"):  # recorded:npu names itself
-        return r["kernel"]
-    return f"{r['backend']}:{r['kernel']}"
 
 
 def _worst(verdicts: set[str]) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from verify.report.rows import (COLUMNS, FLOOR_COLUMNS, JSON_ONLY, VERDICTS,  # noqa: F401
                                 complete_rows, counts, exit_status, mutant_summary,
                                 passed_by_other)
+from verify.report.rows import kernel_label
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
@@ -246,7 +247,7 @@ def diff_tables_text(rows: list[dict], limit: int | None = None) -> str:
             continue
         if limit is not None and len(parts) >= limit:
             break
-        head = (f"{r['op']} [{r['level']}-{r['case_id']}] {_kernel_label(r)} "
+        head = (f"{r['op']} [{r['level']}-{r['case_id']}] {kernel_label(r)} "
                 f"output {r['output']} ({r['out_dtype']}): {r['verdict']} - {r['reason']}")
         names = list(table[0]["inputs"]) if table else []
         header = ["index"] + names + ["golden", "actual", "abs_diff", "rel_diff"]
@@ -263,14 +264,6 @@ def diff_tables_text(rows: list[dict], limit: int | None = None) -> str:
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold magenta", "SKIP": "dim"}
 MAX_LISTED = 60  # non-PASS rows listed in the terminal (all of them are in the reports)
-
-
-def _kernel_label(r: dict) -> str:
-    if r["kernel"] == r["op"]:
-        return r["backend"]
-    if str(r["kernel"]).startswith(f"{r['backend']}:"):  # recorded:npu names itself
-        return r["kernel"]
-    return f"{r['backend']}:{r['kernel']}"
 
 
 def _cut(text: str, width: int) -> str:
@@ -306,7 +299,7 @@ def one_line_rows(rows: list[dict], width: int) -> list[str]:
     for i, r in enumerate(rows, 1):
         v = r.get("verdict", "")
         cells.append([f"{i}.", v if r.get("expected", "PASS") == "PASS" else f"{v}(exp. FAIL)",
-                      r["op"], f"{r['level']}-{r['case_id']}", _kernel_label(r),
+                      r["op"], f"{r['level']}-{r['case_id']}", kernel_label(r),
                       r.get("output") or "-", _fmt(r.get("mare"), 2), _fmt(r.get("max_abs"), 2),
                       _fmt(r.get("floor_max_abs"), 2)])
     head = ["#", "verdict", "op", "case", "kernel", "output", "MARE", "max abs", "floor",
@@ -320,7 +313,7 @@ def _per_kernel_table(rows: list[dict]):
     from rich.table import Table
     groups: dict[tuple, dict] = {}
     for r in rows:
-        g = groups.setdefault((r["op"], _kernel_label(r)), {
+        g = groups.setdefault((r["op"], kernel_label(r)), {
             "cases": set(), "expected": r.get("expected", "PASS"),
             **{v: 0 for v in VERDICTS}})
         g["cases"].add((r["level"], r["case_id"]))
@@ -346,7 +339,7 @@ def _per_kernel_table(rows: list[dict]):
 
 def _details(rows: list[dict]) -> list[str]:
     """The full reason of each listed row, numbered like the table's lines."""
-    return [f"  {i}. {r['op']} {r['level']}-{r['case_id']} {_kernel_label(r)} "
+    return [f"  {i}. {r['op']} {r['level']}-{r['case_id']} {kernel_label(r)} "
             f"{r.get('output') or '-'}: {r.get('verdict')} - {r.get('reason') or ''}"
             for i, r in enumerate(rows, 1)]
 
@@ -360,7 +353,7 @@ def passed_by_lines(rows: list[dict], width: int) -> list[str]:
         other = r.get("variant_max_abs") if by == "variant" else r.get("cfloor_max_abs")
         exact = (r.get("reason") or "").split("exact golden: ", 1)[-1] if by == "cfloor" \
             else (r.get("warning") or "").split("against the exact golden ", 1)[-1]
-        cells.append([r["op"], f"{r['level']}-{r['case_id']}", _kernel_label(r),
+        cells.append([r["op"], f"{r['level']}-{r['case_id']}", kernel_label(r),
                       r.get("output") or "-", "variant" if by == "variant" else "cfloor",
                       _fmt(r.get("max_abs"), 2), _fmt(other, 2)])
         reasons.append(exact.split(" | ")[0])
@@ -378,7 +371,7 @@ def _grouped_warnings(rows: list[dict]) -> list[str]:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         for w in filter(None, (r.get("warning") or "").split(" | ")):
-            groups.setdefault((_kernel_label(r), _warning_kind(w)), []).append({**r, "_w": w})
+            groups.setdefault((kernel_label(r), _warning_kind(w)), []).append({**r, "_w": w})
     lines = []
     for (kern, kind), items in sorted(groups.items()):
         where = ", ".join(f"{i['op']} {i['case_id']} {i['output']}" for i in items[:3])

@@ -142,3 +142,13 @@ def passed_by_other(row: dict) -> bool:
     """A row that FAILed against the exact golden and PASSed only by a declared variant or
     the compute-precision floor: a group of its own, never mixed with clean passes."""
     return row.get("verdict") == "PASS" and bool(row.get("passed_by"))
+
+
+def kernel_label(r: dict) -> str:
+    """How a row names its kernel: the backend alone when the kernel is the op's own,
+    a recorded kernel as it names itself (recorded:npu), else backend:kernel."""
+    if r["kernel"] == r["op"]:
+        return r["backend"]
+    if str(r["kernel"]).startswith(f"{r['backend']}:"):  # recorded:npu names itself
+        return r["kernel"]
+    return f"{r['backend']}:{r['kernel']}"
