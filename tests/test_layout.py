@@ -2,6 +2,7 @@
 every import (function-level ones too) points to the same stage or a lower one, no
 import circle anywhere, and the old flat paths still import, with a warning."""
 import ast
+import json
 import subprocess
 import sys
 import warnings
@@ -189,3 +190,36 @@ print("ok", len(ra.rows), len(rb.rows))
                           timeout=600)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), \
         proc.stdout[-1000:] + proc.stderr[-3000:]
+
+
+def test_the_pytest_plugin_keeps_each_runs_books_on_its_own_config(tmp_path):
+    """No run's state lives in the plugin module: two pytest runs in one process (-n 0)
+    each end with their own rows, plan and report; the module holds no mutable
+    containers."""
+    from verify.running import pytest_plugin
+    mutable = sorted(n for n, v in vars(pytest_plugin).items()
+                     if isinstance(v, (list, dict, set)) and not n.startswith("__"))
+    assert mutable == [], mutable
+    code = '''
+import json, sys, pytest
+from pathlib import Path
+rep, store = sys.argv[1], sys.argv[2]
+common = ["-p", "verify", "-q", "-n", "0", "--cases-only", "--level", "L0",
+          "--backend", "torch", "--reports", rep, "--store", store, "-p", "no:cacheprovider"]
+first = pytest.main(common + ["--op", "lion", "--run-id", "a"])
+second = pytest.main(common + ["--op", "softmax", "--run-id", "b"])
+ops = {}
+for rid in ("a", "b"):
+    rows = json.loads((Path(rep) / rid / "results.json").read_text())["rows"]
+    ops[rid] = sorted({r["op"] for r in rows}), len(rows), sorted({r["verdict"] for r in rows})
+print("ok", int(first), int(second), json.dumps(ops))
+'''
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "r"),
+                           str(tmp_path / "s")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("ok 0 0 "), proc.stdout[-2000:]
+    ops = json.loads(last.split(" ", 3)[3])
+    assert ops["a"][0] == ["lion"] and ops["b"][0] == ["softmax"], ops
+    assert ops["a"][2] == ["PASS"] and ops["b"][2] == ["PASS"], ops

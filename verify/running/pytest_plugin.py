@@ -31,9 +31,6 @@ from verify.errors import ConfigError
 
 _ROWS_KEY = "verify_rows"
 _WARNINGS_KEY = "verify_warnings"
-# when the run was configured, got its first and last case's rows and began its reports
-# (epoch seconds, in results.json's meta: where a run's time went)
-_TIMING: dict[str, float] = {}
 
 
 def pytest_addoption(parser):
@@ -118,10 +115,6 @@ def pytest_configure(config):
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     on_stuck = isolation.configure(config)
-    if not hasattr(config, "workerinput") and not getattr(config.option, "numprocesses", 0):
-        # -n 0: kernels run in this process; one stuck past its limit ends the run here
-        # after its rows are written (there is no worker to end and replace)
-        on_stuck = _end_stuck_serial_run
     config._verify_threads = {t.ident for t in threading.enumerate()}
     sel = selection.Selection(
         level=config.getoption("--level"), cases_dir=config.getoption("--cases"),
@@ -142,6 +135,13 @@ def pytest_configure(config):
             config.getoption("--registry-required"), fetched)
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not hasattr(config, "workerinput"):  # the controller keeps the run's books
+        config._verify_session = RunSession(config)
+        config.pluginmanager.register(config._verify_session, "verify-run-session")
+        if not getattr(config.option, "numprocesses", 0):
+            # -n 0: kernels run in this process; one stuck past its limit ends the run
+            # here after its rows are written (there is no worker to end and replace)
+            on_stuck = config._verify_session.end_stuck_serial_run
     # the run's settings, passed to every case (verify/running/context.py)
     config._verify_ctx = context.RunContext(resolver=resolver, case_timeout=case_timeout,
                                             on_stuck=on_stuck, time_repeats=repeats,
@@ -154,11 +154,7 @@ def pytest_configure(config):
             selection.check_keyword(config.getoption("keyword"))
         except ConfigError as exc:
             raise pytest.UsageError(str(exc)) from None
-        _stop_on_sigterm()
-        _TIMING.clear()
-        _TIMING["configured"] = time.time()
-        _PROGRESS[:] = [_Progress(config)]
-        _CONFIG[:] = [config]
+        config._verify_session.stop_on_sigterm()
         try:
             config._verify_run_dir = results.reserve_run_dir(config.getoption("--reports"),
                                                              config.getoption("--run-id"))
@@ -207,9 +203,14 @@ class CaseItem(pytest.Item):
              *case.tags})
 
     def runtest(self):
-        _CURRENT[:] = [self]
-        rows = runner.run_case(self.case, self.kern, self.config._verify_ctx)
-        _CURRENT.clear()
+        books = getattr(self.config, "_verify_session", None)  # -n 0: this process's
+        if books is not None:
+            books.current = self
+        try:
+            rows = runner.run_case(self.case, self.kern, self.config._verify_ctx)
+        finally:
+            if books is not None:
+                books.current = None
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         for r in rows:
             r["worker"] = worker
@@ -301,103 +302,188 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-def pytest_runtest_logreport(report):
-    # runs on the controller for every worker's report (and in a run without xdist)
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        if _PROGRESS:
-            _PROGRESS[0].item_done(report.nodeid)
-    got_rows = False
-    for key, value in getattr(report, "user_properties", ()):
-        if key == _ROWS_KEY and report.when == "call":
-            _ROWS.extend(pickle.loads(value))
-            got_rows = True
-            _TIMING.setdefault("first_result", time.time())
-            _TIMING["last_result"] = time.time()
-        elif key == _WARNINGS_KEY and report.when == "call":
-            _WARNINGS.update(dict.fromkeys(value))
-    if report.failed and not got_rows:  # a crash, an exit, a failing setup: keep the cause
-        worker = getattr(getattr(report, "node", None), "gateway", None)
-        if report.when == "???" and worker is not None and _CONFIG:  # xdist: worker crashed
-            text = isolation.crash_cause(_CONFIG[0], worker.id)
-        else:
-            text = str(getattr(report, "longreprtext", "") or report.longrepr or "").strip()
-            text = text.splitlines()[-1][:500] if text else ""
-        _FAULTS.setdefault(report.nodeid, text)
-    if report.failed and report.nodeid not in _PLANNED and _PLANNED:
-        _OWN_FAILED.add(report.nodeid)  # a project test beside the case items
+class RunSession:
+    """One run's books on the controller: the rows the items sent, the plan they must
+    fill, why items failed without rows, the warnings, the timing and the signal that
+    stopped it. Registered as a plugin on the run's config (``config._verify_session``),
+    so the hooks that are not given a config, the SIGTERM handler and the watchdog reach
+    this run's books and no other's: nothing about a run lives in the module."""
+
+    def __init__(self, config):
+        self.config = config
+        self.rows: list[dict] = []
+        self.planned: dict = {}  # nodeid -> (case, kernel) of every selected item
+        self.faults: dict[str, str] = {}  # nodeid -> why an item failed without rows
+        self.own_failed: set = set()  # the project's own tests that failed
+        self.warnings: dict[str, None] = {}  # run-level warnings of every process, in order
+        # when the run was configured, got its first and last case's rows and began its
+        # reports (epoch seconds, in results.json's meta: where a run's time went)
+        self.timing: dict[str, float] = {"configured": time.time()}
+        self.interrupted = ""  # the signal that interrupted the run, for its report
+        self.current = None  # the case item running in this process (-n 0)
+        self.progress = _Progress(config)
+
+    def pytest_runtest_logreport(self, report):
+        # every worker's reports (and the reports of a run without xdist)
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.progress.item_done(report.nodeid)
+        got_rows = False
+        for key, value in getattr(report, "user_properties", ()):
+            if key == _ROWS_KEY and report.when == "call":
+                self.rows.extend(pickle.loads(value))
+                got_rows = True
+                self.timing.setdefault("first_result", time.time())
+                self.timing["last_result"] = time.time()
+            elif key == _WARNINGS_KEY and report.when == "call":
+                self.warnings.update(dict.fromkeys(value))
+        if report.failed and not got_rows:  # a crash, an exit, a failing setup: the cause
+            worker = getattr(getattr(report, "node", None), "gateway", None)
+            if report.when == "???" and worker is not None:  # xdist: the worker crashed
+                text = isolation.crash_cause(self.config, worker.id)
+            else:
+                text = str(getattr(report, "longreprtext", "") or report.longrepr or "").strip()
+                text = text.splitlines()[-1][:500] if text else ""
+            self.faults.setdefault(report.nodeid, text)
+        if report.failed and report.nodeid not in self.planned and self.planned:
+            self.own_failed.add(report.nodeid)  # a project test beside the case items
+
+    def pytest_collection_finish(self, session):
+        """The plan, as selected (after -k and deselection): each item must end as rows."""
+        if not session.config.option.collectonly:
+            self.planned.update({item.nodeid: (item.case, item.kern) for item in session.items
+                                 if isinstance(item, CaseItem)})
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        """Under xdist the controller learns the plan from the workers' collections."""
+        if self.config.option.collectonly:
+            return
+        by_name = self.config._verify_by_name
+        for nodeid in ids:
+            pair = by_name.get(nodeid.rsplit("::", 1)[-1])
+            if pair is not None:
+                self.planned[nodeid] = pair
+
+    def vanished(self, rows: list[dict], interrupted: str = "") -> list[dict]:
+        """An ERROR row for every planned item that produced no rows: a worker that crashed
+        (segfault, os._exit, OOM kill), an item interrupted, a kernel that ended its
+        process. Nothing planned disappears from the counts, the exit status or the
+        reports."""
+        seen = {(r["op"], r["level"], r["case_id"], r["backend"], r["kernel"]) for r in rows}
+        out = []
+        for nodeid, (case, kern) in sorted(self.planned.items()):
+            if (case.op, case.level, case.id, kern.backend, kern.name) in seen:
+                continue
+            cause = self.faults.get(nodeid) or (f"not run: {interrupted}" if interrupted else
+                                                "the item did not report (interrupted?)")
+            out.append(runner.vanished_row(case, kern, f"no result: {cause}"))
+        return out
+
+    def stop_on_sigterm(self) -> None:
+        """SIGTERM (a CI job cancelled, a kill) ends the run as Ctrl-C does: pytest stops,
+        the rows so far are written with the run marked interrupted, exit 2. xdist's
+        workers are ended with it."""
+        import signal
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_term(signum, frame):
+            self.interrupted = signal.Signals(signum).name
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    def write_report(self, rows: list[dict], interrupted: str = "") -> None:
+        """results.json and its views for ``rows``; ``interrupted``: why the run ended
+        early (meta.interrupted, shown in the report's warnings)."""
+        config = self.config
+        timing = dict(self.timing, reports_start=time.time())
+        warnings = list(getattr(config, "_verify_warnings", []))
+        if interrupted:
+            warnings.insert(0, interrupted)
+        meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
+                "environment": results.environment(), "warnings": warnings,
+                "timing": timing, "selection": config._verify_selection,
+                "shard": config._verify_shard, "harness": shards.harness_id(),
+                **_recorded_meta(config)}
+        if interrupted:
+            meta["interrupted"] = interrupted
+        results.write(rows, config._verify_run_dir, meta)
+
+    def end_stuck_serial_run(self, seconds: float, phase: str) -> None:
+        """The watchdog's action under -n 0: the case never returned to Python past its
+        limit plus the grace. Write every row so far and an ERROR row for the stuck case,
+        then end the process (exit 1): nothing else can stop code that ignores SIGALRM."""
+        try:
+            config = self.config
+            item = self.current
+            reason = (f"timed out after {seconds:g} s while {phase}, and never "
+                      f"returned to Python: -n 0 runs kernels in the run's own process, so "
+                      f"the run was ended after writing its rows (--case-timeout "
+                      f"{seconds:g}, 0: no limit; without -n 0 its worker is ended and a "
+                      f"fresh one runs the rest)")
+            rows = list(self.rows)
+            if item is not None:
+                rows.append(runner.vanished_row(item.case, item.kern, reason))
+            left = len(self.planned) - len({(r["op"], r["level"], r["case_id"], r["backend"],
+                                             r["kernel"]) for r in rows})
+            self.write_report(rows, interrupted=f"ended: a case got stuck ({reason}); "
+                                                f"{max(0, left)} planned case(s) not run")
+            capman = config.pluginmanager.getplugin("capturemanager")
+            if capman is not None:  # the item's output capture would swallow the message
+                capman.suspend_global_capture(in_=False)
+            sys.stderr.write(f"verify: error: {item.nodeid if item else 'a case'} {reason}; "
+                             f"reports in {config._verify_run_dir}\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            from verify.errors import mark_finished
+            mark_finished(1)  # ended by our own code: a guarding `verify run` passes on 1
+        except BaseException as exc:  # the process ends regardless; say why no report
+            sys.stderr.write(f"verify: error: a case got stuck past its limit and the run "
+                             f"was ended; its report could not be written: {exc!r}\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(1)
+
+    def finish(self, session) -> None:
+        """The run's end: every planned item as rows, the report written, the exit
+        status decided by the rows (and the project's own tests beside them)."""
+        config = self.config
+        rows = list(self.rows)
+        stopped = (f"the run was interrupted ({self.interrupted or 'Ctrl-C'})"
+                   if session.exitstatus == pytest.ExitCode.INTERRUPTED else "")
+        rows += self.vanished(rows, stopped)
+        config._verify_own_failed = sorted(self.own_failed)
+        self.warnings.update(dict.fromkeys(notices.drain()))
+        config._verify_warnings = list(self.warnings)
+        isolation.cleanup(config)
+        config._verify_rows = rows
+        # a shard with nothing to run (more shards than items, or -k deselected all of its
+        # share): an empty report, so that verify merge finds every shard
+        empty_shard = (bool(config._verify_shard) and not rows
+                       and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED)
+        if not rows and not empty_shard:
+            return
+        judged = sum(1 for r in rows
+                     if not str(r.get("reason", "")).startswith("no result: not run"))
+        self.write_report(rows, interrupted=(
+            f"{stopped}: {judged} rows judged, the cases not run are ERROR rows 'not run'"
+            if stopped else ""))
+        if empty_shard:
+            print(f"verify: shard {config._verify_shard} has no case to run (the selection "
+                  f"has {config._verify_selection_size} before -k); wrote an empty report "
+                  f"to {config._verify_run_dir}", file=sys.stderr)
+            session.exitstatus = 0
+        elif session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide,
+            # and so do the project's own tests collected beside them
+            session.exitstatus = max(results.exit_status(rows), int(bool(self.own_failed)))
+        config._verify_exit = int(session.exitstatus)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     isolation.worker_down(node, error)
-
-
-def pytest_collection_finish(session):
-    """The plan, as selected (after -k and deselection): each item must end as rows."""
-    if _active(session.config) and not session.config.option.collectonly:
-        _PLANNED.update({item.nodeid: (item.case, item.kern) for item in session.items
-                         if isinstance(item, CaseItem)})
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids):
-    """Under xdist the controller learns the plan from the workers' collections."""
-    by_name = getattr(node.config, "_verify_by_name", None)
-    if by_name is None or node.config.option.collectonly:
-        return
-    for nodeid in ids:
-        pair = by_name.get(nodeid.rsplit("::", 1)[-1])
-        if pair is not None:
-            _PLANNED[nodeid] = pair
-
-
-def _vanished(rows: list[dict], interrupted: str = "") -> list[dict]:
-    """An ERROR row for every planned item that produced no rows: a worker that crashed
-    (segfault, os._exit, OOM kill), an item interrupted, a kernel that ended its process.
-    Nothing planned disappears from the counts, the exit status or the reports."""
-    seen = {(r["op"], r["level"], r["case_id"], r["backend"], r["kernel"]) for r in rows}
-    out = []
-    for nodeid, (case, kern) in sorted(_PLANNED.items()):
-        if (case.op, case.level, case.id, kern.backend, kern.name) in seen:
-            continue
-        cause = _FAULTS.get(nodeid) or (f"not run: {interrupted}" if interrupted else
-                                        "the item did not report (interrupted?)")
-        out.append(runner.vanished_row(case, kern, f"no result: {cause}"))
-    return out
-
-
-def _stop_on_sigterm() -> None:
-    """SIGTERM (a CI job cancelled, a kill) ends the run as Ctrl-C does: pytest stops,
-    the rows so far are written with the run marked interrupted, exit 2. xdist's workers
-    are ended with it."""
-    import signal
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def on_term(signum, frame):
-        _INTERRUPTED[:] = [signal.Signals(signum).name]
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
-        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
-
-    signal.signal(signal.SIGTERM, on_term)
-
-
-def _write_report(config, rows: list[dict], interrupted: str = "") -> None:
-    """results.json and its views for ``rows``; ``interrupted``: why the run ended early
-    (meta.interrupted, shown in the report's warnings)."""
-    timing = dict(_TIMING, reports_start=time.time())
-    _TIMING.clear()
-    warnings = list(getattr(config, "_verify_warnings", []))
-    if interrupted:
-        warnings.insert(0, interrupted)
-    meta = {"run_id": config._verify_run_dir.name, "level": config.getoption("--level"),
-            "environment": results.environment(), "warnings": warnings,
-            "timing": timing, "selection": config._verify_selection,
-            "shard": config._verify_shard, "harness": shards.harness_id(),
-            **_recorded_meta(config)}
-    if interrupted:
-        meta["interrupted"] = interrupted
-    results.write(rows, config._verify_run_dir, meta)
 
 
 def _recorded_meta(config) -> dict:
@@ -406,94 +492,13 @@ def _recorded_meta(config) -> dict:
     return plan.recorded.meta() if plan is not None else {}
 
 
-def _end_stuck_serial_run(seconds: float, phase: str) -> None:
-    """The watchdog's action under -n 0: the case never returned to Python past its limit
-    plus the grace. Write every row so far and an ERROR row for the stuck case, then end
-    the process (exit 1): nothing else can stop code that ignores SIGALRM."""
-    try:
-        config = _CONFIG[0]
-        item = _CURRENT[0] if _CURRENT else None
-        reason = (f"timed out after {seconds:g} s while {phase}, and never "
-                  f"returned to Python: -n 0 runs kernels in the run's own process, so the "
-                  f"run was ended after writing its rows (--case-timeout {seconds:g}, 0: no "
-                  f"limit; without -n 0 its worker is ended and a fresh one runs the rest)")
-        rows = list(_ROWS)
-        if item is not None:
-            rows.append(runner.vanished_row(item.case, item.kern, reason))
-        left = len(_PLANNED) - len({(r["op"], r["level"], r["case_id"], r["backend"],
-                                     r["kernel"]) for r in rows})
-        _write_report(config, rows, interrupted=f"ended: a case got stuck ({reason}); "
-                                                f"{max(0, left)} planned case(s) not run")
-        capman = config.pluginmanager.getplugin("capturemanager")
-        if capman is not None:  # the item's output capture would swallow the message
-            capman.suspend_global_capture(in_=False)
-        sys.stderr.write(f"verify: error: {item.nodeid if item else 'a case'} {reason}; "
-                         f"reports in {config._verify_run_dir}\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        from verify.errors import mark_finished
-        mark_finished(1)  # ended by our own code: a guarding `verify run` passes on 1
-    except BaseException as exc:  # the process ends regardless; say why the report did not
-        sys.stderr.write(f"verify: error: a case got stuck past its limit and the run was "
-                         f"ended; its report could not be written: {exc!r}\n")
-        sys.stderr.flush()
-    finally:
-        os._exit(1)
-
-
-_CURRENT: list = []  # the case item running in this process (-n 0)
-_INTERRUPTED: list[str] = []  # the signal that interrupted the run, for its report
-_ROWS: list[dict] = []
-_OWN_FAILED: set = set()  # the project's own tests that failed (their exit status counts)
-_PLANNED: dict = {}  # nodeid -> (case, kernel) of every selected item
-_FAULTS: dict[str, str] = {}  # nodeid -> why an item failed without rows
-_PROGRESS: list[_Progress] = []  # the controller's, made in pytest_configure below
-_CONFIG: list = []  # the controller's config, for hooks that are not given it
-_WARNINGS: dict[str, None] = {}  # run-level warnings of every process, in order
-
-
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     from verify.golden.store import close_all
     close_all()  # every process's index connections: the write-ahead log is folded in
-    if not _active(config) or hasattr(config, "workerinput"):
-        return
-    rows = list(_ROWS)
-    stopped = (f"the run was interrupted ({_INTERRUPTED[0] if _INTERRUPTED else 'Ctrl-C'})"
-               if session.exitstatus == pytest.ExitCode.INTERRUPTED else "")
-    rows += _vanished(rows, stopped)
-    own_failed = set(_OWN_FAILED)
-    _OWN_FAILED.clear()
-    config._verify_own_failed = sorted(own_failed)
-    _WARNINGS.update(dict.fromkeys(notices.drain()))
-    config._verify_warnings = list(_WARNINGS)
-    _WARNINGS.clear()
-    _ROWS.clear()
-    _PLANNED.clear()
-    _FAULTS.clear()
-    _PROGRESS.clear()
-    _CONFIG.clear()
-    isolation.cleanup(config)
-    config._verify_rows = rows
-    # a shard with nothing to run (more shards than items, or -k deselected all of its
-    # share): an empty report, so that verify merge finds every shard
-    empty_shard = (bool(config._verify_shard) and not rows
-                   and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED)
-    if not rows and not empty_shard:
-        return
-    _write_report(config, rows, interrupted=(
-        f"{stopped}: {sum(1 for r in rows if not str(r.get('reason', '')).startswith('no result: not run'))} "
-        f"rows judged, the cases not run are ERROR rows 'not run'" if stopped else ""))
-    _INTERRUPTED.clear()
-    if empty_shard:
-        print(f"verify: shard {config._verify_shard} has no case to run (the selection has "
-              f"{config._verify_selection_size} before -k); wrote an empty report to "
-              f"{config._verify_run_dir}", file=sys.stderr)
-        session.exitstatus = 0
-    elif session.exitstatus in (0, 1):  # not interrupted or broken: the rows decide,
-        # and so do the project's own tests collected beside them
-        session.exitstatus = max(results.exit_status(rows), int(bool(own_failed)))
-    config._verify_exit = int(session.exitstatus)
+    books = getattr(config, "_verify_session", None)
+    if books is not None:
+        books.finish(session)
 
 
 @pytest.hookimpl(trylast=True)
