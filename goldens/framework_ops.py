@@ -109,7 +109,9 @@ def _silu_call(input, inplace=False):
     },
 )
 def silu(x):
-    return (x / (1.0 + torch.exp(-x)),)
+    # x * sigmoid(x), not x / (1 + exp(-x)): the latter's autograd backward is inf / inf
+    # (NaN) once exp(-x) overflows float64 (x < -709), where the true gradient is -0
+    return (x * torch.sigmoid(x),)
 
 
 # -- swiglu ------------------------------------------------------------------------------

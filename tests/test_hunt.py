@@ -5,6 +5,8 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +14,14 @@ import verify
 from helpers import REPO, run_cli
 
 PLANTED = str(REPO / "tests" / "data" / "planted_kernels.py")
-OPS = ["softmax", "layer_norm", "rms_norm"]
+# a scale (softmax), a large mean (layer_norm), rows past a block (rms_norm), a param
+# combination (sgd_momentum: nesterov with weight decay), a late step (AdamW at 1e5)
+OPS = ["softmax", "layer_norm", "rms_norm", "sgd_momentum", "apply_adam_w_v2"]
 SMALL = 1 << 19  # elements: the hunt's inputs stay cheap on a 2-core runner
 # the fewest elements each planted bug can fail with (rms_norm's drops the tail of rows
 # longer than 512): a reproducer is at most 1% of the hunted case, or within 2x of this
-FEWEST = {"softmax": 1, "layer_norm": 2, "rms_norm": 513}
+FEWEST = {"softmax": 1, "layer_norm": 2, "rms_norm": 513, "sgd_momentum": 1,
+          "apply_adam_w_v2": 1}
 
 
 def test_the_planted_kernels_pass_every_l0_and_l1_case():
@@ -53,11 +58,12 @@ def test_the_torch_kernels_hunt_clean(op):
     result = verify.hunt(op, "torch", dtypes=["fp32"], seed=0, max_elements=SMALL,
                          reports=False)
     if op == "layer_norm":
-        # the one explained weakness (README "Hunting"): PyTorch's fp32 layer_norm
-        # backward over rows of one element, whose true gradient is 0
+        # the one explained weakness (README "Hunting"): PyTorch's layer_norm backward
+        # over rows of one element, whose true gradients are 0
         for t in result.found:
             fails = [r for r in t.rows if r["verdict"] == "FAIL"]
-            assert t.entry["shape"][-1] == 1 and {r["output"] for r in fails} <= {"grad_x"}
+            assert t.entry["shape"][-1] == 1, t.entry
+            assert {r["output"] for r in fails} <= {"grad_x", "grad_weight"}, t.entry
     else:
         assert result.found == [], [t.entry for t in result.found]
     assert result.tried >= 50
@@ -80,3 +86,90 @@ def test_verify_hunt_cli_exits_1_with_found_cases_and_2_on_a_bad_op(tmp_path):
     assert "failed" in proc.stdout and list(tmp_path.glob("*/found_cases.json"))
     proc = run_cli("hunt", "--op", "no_such_op", "--backend", "torch")
     assert proc.returncode == 2 and "no_such_op" in proc.stderr
+
+
+def test_the_space_covers_param_combinations_late_steps_and_value_families():
+    """What the hunt draws from an op's declaration: params over their natural ranges
+    (bools both ways, the step up to 1e5, decades of a float, never eps -> 0.9) and the
+    value families, each loading through the case loader with the values it names."""
+    import numpy as np
+    import torch
+    from verify.cases.case import load_file
+    from verify.running import hunt
+    from verify.specs import inputs, registry
+    registry.load_builtin()
+    sgd = hunt.param_values(registry.op("sgd_momentum"))
+    assert sgd["nesterov"] == ["false", "true"]
+    assert {"0.01", "0.1"} <= set(sgd["weight_decay"])
+    adam = hunt.param_values(registry.op("apply_adam_w_v2"))
+    assert "100000" in adam["step"] and "0.99" in adam["beta1"]
+    assert all(float(v) < 0.5 for v in adam["eps"]), adam["eps"]
+    spec = registry.op("apply_adam_w_v2")
+    seen = {}
+    for label in [f"{f}:{v}" for f, vs in hunt.VARIANTS.items() for v in vs]:
+        cand = hunt.Candidate("fp32", (64, 256), family=(("grad", label), ("v", label)))
+        entry = cand.entry(spec, "c", 3)
+        path = Path(tempfile.mkdtemp()) / "apply_adam_w_v2.json"
+        path.write_text(json.dumps({"op": spec.name, "levels": {"L0": [entry]}}))
+        (case,) = load_file(path)
+        x = inputs.make_inputs(case)
+        g, v = x["grad"].double().numpy(), x["v"].double().numpy()
+        assert (v >= 0).all(), label  # a non-negative state stays non-negative
+        seen[label] = g
+    tiny = torch.finfo(torch.float32).tiny
+    assert (np.abs(seen["subnormal:all"]) < tiny).all()
+    assert ((np.abs(seen["subnormal:quarter"]) < tiny) & (seen["subnormal:quarter"] != 0)).mean() > 0.2
+    assert (seen["zeros:half"] == 0).mean() > 0.4 and (seen["zeros:all"] == 0).all()
+    assert np.abs(seen["extreme:few"]).max() > 1e37
+    rows = np.sort(seen["peaked:m100"].reshape(64, 256), -1)  # one confident entry a row
+    assert ((rows[:, -1] - rows[:, -2]) > 50 * rows[:, :-1].std(-1)).all()
+    heavy, plain = seen["heavy:df1.5"], np.random.default_rng(0).normal(size=64 * 256)
+    assert np.abs(heavy).max() / np.abs(heavy).std() > 3 * np.abs(plain).max() / plain.std()
+    out = seen["outliers:x1e4"]
+    assert np.abs(out).max() > 1e3 * np.median(np.abs(out))
+
+
+def test_workers_spread_a_hunt_without_changing_what_it_finds_and_a_crash_is_a_finding(
+        tmp_path):
+    """-n 2 gives the found cases of a serial hunt; a kernel that ends its process is a
+    finding ('kernel crashed its process'), and the hunt goes on."""
+    def found(**kw):
+        r = verify.hunt("softmax", "planted", kernels=[PLANTED], dtypes=["fp32"], seed=2,
+                        budget=16, max_elements=SMALL, reports=False, **kw)
+        return [t.entry for t in r.found]
+    assert found(workers=2) == found()
+    crashy = tmp_path / "crashy.py"
+    crashy.write_text(
+        "import os, torch, verify\n"
+        "@verify.kernel('silu', backend='crashy')\n"
+        "def silu_dies_on_long_rows(x):\n"
+        "    if x.shape[-1] > 1000:\n"
+        "        os._exit(3)\n"
+        "    return torch.nn.functional.silu(x)\n")
+    r = verify.hunt("silu", "crashy", kernels=[str(crashy)], dtypes=["fp32"], budget=16,
+                    max_elements=SMALL, reports=False, workers=2)
+    assert r.tried == 16 and r.found
+    for t in r.found:
+        assert t.entry["shape"][-1] > 1000
+        assert any("kernel crashed its process" in x["reason"] for x in t.rows)
+
+
+def test_verify_run_shrink_shrinks_a_failing_case_of_a_run(tmp_path):
+    """verify run --shrink: a case that FAILed in a run, shrunk, with a reproducer that
+    fails standalone."""
+    cases = tmp_path / "softmax.json"
+    cases.write_text(json.dumps({"op": "softmax", "levels": {"L0": [
+        {"id": "big-logits", "shape": [64, 1000], "dtype": "fp32",
+         "inputs": {"x": {"dist": "normal", "std": 100.0}}}]}}))
+    proc = run_cli("run", "--level", "L0", "--cases", cases, "--backend", "planted",
+                   "--kernels", PLANTED, "--reports", tmp_path / "r", "--run-id", "one",
+                   "--store", tmp_path / "s", "--shrink", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    shrunk = tmp_path / "r" / "one" / "shrunk"
+    (script,) = shrunk.glob("repro_softmax_*.py")
+    (case_file,) = shrunk.glob("shrunk_softmax_*.json")
+    entry = json.loads(case_file.read_text())["levels"]["L0"][0]
+    assert math.prod(entry["shape"]) <= 64 * 1000 // 100, entry
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert run.returncode == 1 and "still wrong" in run.stdout, run.stdout + run.stderr

@@ -170,6 +170,8 @@ def run(level: str | Sequence[str] | None = "L0", ops: Sequence[str] | None = No
             "environment": {**results.environment(), **node_lines}, "warnings": warnings,
             "timing": {"configured": t0, "reports_start": clock.time()},
             "selection": selection_id, "shard": shard, "harness": shards.harness_id(),
+            "modules": [os.path.abspath(m) if str(m).endswith(".py") else str(m)
+                        for m in kernels],
             **plan.recorded.meta(), **meta})
     return RunResult(rows, run_dir, warnings, plan.recorded.meta().get("recorded"))
 

@@ -142,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
                           "same inputs (msprobe's benchmark standard), in rows of their own")
     run.add_argument("--progress-every", type=_seconds, default=10.0,
                      help="seconds between progress lines (cases done and left, op, elapsed)")
+    run.add_argument("--shrink", action="store_true",
+                     help="then shrink each case that FAILed to the smallest input that "
+                          "still fails, with a case file and a standalone reproducer (as "
+                          "verify shrink RUN_DIR)")
     _add_store(run, registry_too=True)
 
     judge = sub.add_parser(
@@ -155,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "or a dump.json) or a verify.capture folder")
     for action in run._actions:
         if action.dest in ("help", "cases", "backend", "level", "benchmark_backend", "time",
-                           "workers"):
+                           "workers", "shrink"):
             continue
         judge._add_action(action)
     judge.add_argument("-n", "--workers", default=None, type=_workers,
@@ -225,6 +229,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="seconds a tried case may run before it is an ERROR row")
     hn.add_argument("--shrink", action="store_true",
                     help="then shrink what was found (as verify shrink RUN_DIR)")
+    hn.add_argument("-n", "--workers", type=int, default=0, metavar="N",
+                    help="evaluate each round of candidates in N processes (a kernel that "
+                         "crashes one is a finding); the same found cases as without")
+    hn.add_argument("--ray", default=None, metavar="WHERE",
+                    help="evaluate each round of candidates as Ray tasks (auto, HOST:PORT, "
+                         "local, 'local:NPU=4'; as verify run --ray); the same found cases")
     hn.add_argument("--reports", default=None, help="report folder (default reports/)")
     hn.add_argument("--run-id", default=None, help="name of this run's report folder")
     _add_store(hn)
@@ -232,8 +242,12 @@ def _parser() -> argparse.ArgumentParser:
     sh = sub.add_parser(
         "shrink", help="shrink each input a hunt found to the smallest that still fails, "
                        "with a standalone reproducer")
-    sh.add_argument("run_dir", help="a verify hunt run folder (holding found_cases.json)")
-    sh.add_argument("--case", default=None, help="only this found case id")
+    sh.add_argument("run_dir", help="a verify hunt run folder (its found_cases.json), or "
+                                    "any run folder (its cases that FAILed)")
+    sh.add_argument("--case", default=None, help="only this found (or failed) case id")
+    sh.add_argument("--kernels", action="append", default=[],
+                    help="the run's kernel modules, where its results.json does not name "
+                         "them; repeatable")
     sh.add_argument("--out", default=None, help="where to write (default RUN_DIR/shrunk)")
     _add_store(sh)
 
@@ -345,14 +359,30 @@ def cmd_run(a) -> int:
                               kernel_modules=a.kernels)
     selection.build(sel)  # usage errors surface here with exit 2
     selection.check_benchmark_backend(a.benchmark_backend)
+    if a.shrink and a.run_id is None:  # --shrink reads the run's folder afterwards
+        from verify.report import results
+        a.run_id = results.new_run_id()
     # the plugin sets up the golden store and registry; its usage errors map to 2 below
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # inherited by the xdist workers
     code = int(pytest.main(_pytest_args(a)))
+    if code == 1 and a.shrink:
+        _shrink_run(_run_folder(a), a)
     if code in (0, 1):
         return code
     if code == 5:
         print("verify: no case matched the selection", file=sys.stderr)
     return 2
+
+
+def _run_folder(a):
+    from pathlib import Path
+    return Path(a.reports or os.environ.get("VERIFY_REPORTS", "reports")) / a.run_id
+
+
+def _shrink_run(run_dir, a) -> None:
+    """verify run --shrink: each failing case shrunk, in RUN_DIR/shrunk."""
+    print(f"verify: shrinking the cases that failed in {run_dir}", file=sys.stderr)
+    _print_shrunk(run_dir, None, None, a.store, a.kernels)
 
 
 def _run_on_ray(a) -> int:
@@ -383,6 +413,8 @@ def _run_on_ray(a) -> int:
                                verbose=a.verbose, recorded=result.recorded), end="")
     for line in result.warnings:
         print(f"warning: {line}")
+    if a.shrink and result.exit_status == 1 and result.run_dir is not None:
+        _shrink_run(result.run_dir, a)
     return result.exit_status
 
 
@@ -485,32 +517,31 @@ def cmd_hunt(a) -> int:
     from verify.running import hunt
     started = time.time()
 
-    def progress(done, total, kernel):  # cases done and left, rate, ETA: every 10 cases
-        if done == total or done % 10 == 0:
-            print(notices.progress_text(done, total, time.time() - started, now=kernel),
-                  file=sys.stderr)
+    def progress(done, total, kernel):  # cases done and left, rate, ETA: every round
+        print(notices.progress_text(done, total, time.time() - started, now=kernel),
+              file=sys.stderr)
 
     result = hunt.hunt(a.op, a.backend, kernels=a.kernels, dtypes=a.dtype or None,
                        budget=a.budget or hunt.DEFAULT_BUDGET, seed=a.seed, kernel=a.kernel,
                        max_elements=a.max_elements or hunt.MAX_ELEMENTS, reports=a.reports,
                        run_id=a.run_id, store=a.store, case_timeout=a.case_timeout,
-                       progress=progress)
+                       progress=progress, workers=a.workers, ray=a.ray)
     print(hunt.summary(result), end="")
     if a.shrink and result.found:
         _print_shrunk(result.run_dir, None, None, a.store)
     return result.exit_status
 
 
-def _print_shrunk(run_dir, case, out, store) -> None:
+def _print_shrunk(run_dir, case, out, store, kernels=()) -> None:
     from verify.running import shrink
-    for s in shrink.shrink(run_dir, case=case, out=out, store=store):
+    for s in shrink.shrink(run_dir, case=case, out=out, store=store, kernels=kernels):
         before, after = s["elements"]
         print(f"{s['id']}: shape {s['entry']['shape']} ({after} elements, was {before}; "
               f"{s['tries']} cases tried): {s['case_file']}, {s['repro']}")
 
 
 def cmd_shrink(a) -> int:
-    _print_shrunk(a.run_dir, a.case, a.out, a.store)
+    _print_shrunk(a.run_dir, a.case, a.out, a.store, a.kernels)
     return 0
 
 

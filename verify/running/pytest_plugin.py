@@ -406,6 +406,8 @@ class RunSession:
                 "environment": results.environment(), "warnings": warnings,
                 "timing": timing, "selection": config._verify_selection,
                 "shard": config._verify_shard, "harness": shards.harness_id(),
+                "modules": [os.path.abspath(m) if m.endswith(".py") else m
+                            for m in config.getoption("--kernels")],
                 **_recorded_meta(config)}
         if interrupted:
             meta["interrupted"] = interrupted

@@ -23,13 +23,15 @@ def derive_seed(seed: int, name: str, step: int = 0) -> int:
 
 
 def _value(v, dtype: torch.dtype) -> float:
-    """A scalar from a case file: a number, 'nan', 'inf', '-inf', 'tiny', 'huge', 'max'."""
+    """A scalar from a case file: a number, 'nan', 'inf', '-inf', 'tiny', 'huge', 'max',
+    'subnormal' (a quarter of the smallest normal: below it, of the dtype named)."""
     if isinstance(v, str):
         if v in SPECIAL_VALUES:
             return SPECIAL_VALUES[v]
         info = torch.finfo(dtype)
         named = {"tiny": info.tiny, "-tiny": -info.tiny, "max": info.max, "-max": -info.max,
-                 "huge": info.max / 2, "-huge": -info.max / 2, "eps": info.eps}
+                 "huge": info.max / 2, "-huge": -info.max / 2, "eps": info.eps,
+                 "subnormal": info.tiny / 4, "-subnormal": -info.tiny / 4}
         return named[v]
     return float(v)
 
@@ -125,6 +127,13 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
         total, n = int(dist["total"]), shape[-1] if shape else 1
         cuts = np.sort(rng.integers(0, total + 1, n - 1)) if n > 1 else np.empty(0)
         out = np.diff(np.concatenate([[0], cuts, [total]])).reshape(shape)
+    elif kind == "student_t":  # heavy tails: Student's t with 'df' degrees of freedom
+        out = float(dist.get("mean", 0.0)) + float(dist.get("std", 1.0)) * \
+            rng.standard_t(float(dist.get("df", 2.0)), shape)
+    elif kind == "outliers":  # a 'fraction' of the base's values times 'factor'
+        out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng, params)
+        pick = rng.random(shape) < float(dist.get("fraction", 0.001))
+        out = np.where(pick, out * float(dist.get("factor", 100.0)), out)
     elif kind == "peaked":  # one random entry per row raised by 'margin': confident logits
         out = rng.normal(float(dist.get("mean", 0.0)), float(dist.get("std", 1.0)), shape)
         if out.size:

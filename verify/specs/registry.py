@@ -167,6 +167,8 @@ class OpSpec:
     # computes in, and the function evaluated there (None: the golden; False: no floor)
     compute_dtype: str = "fp32"
     compute_floor: Callable[..., Any] | bool | None = None
+    # how verify hunt narrows or extends its search of this op (HUNT_KEYS)
+    hunt: dict = field(default_factory=dict)
     # -- the public surface -------------------------------------------------------
     def golden(self, **kwargs):
         """Run the float64 golden: inputs are upcast to float64 on the CPU first."""
@@ -297,7 +299,7 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
                reuse: dict[str, Callable[[dict, torch.Tensor], dict]] | None = None,
                compute_dtype: str = "fp32",
                compute_floor: Callable[..., Any] | bool | None = None,
-               calls: dict | None = None):
+               calls: dict | None = None, hunt: dict | None = None):
     """Decorator for a float64 golden function: declares the op it is the golden of.
 
     inputs / outputs: ``InputSpec`` / ``OutputSpec`` in call order; params: name ->
@@ -317,6 +319,10 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
     calls: the framework calls this op is the math of (verify/bindings.py): record name
     (``"Functional.softmax"``, ``"NPU.npu_rms_norm"``) or callable -> ``verify.Call`` (or
     its inputs adapter alone); ``verify judge`` judges their recorded calls.
+    hunt: how ``verify hunt`` narrows or extends its search of this op (README
+    "Hunting"): ``params`` (name -> the values to try; [] keeps the default), ``inputs``
+    (the inputs whose values it moves), ``families`` (the value families it draws),
+    ``lengths`` (extents to try besides its own), ``max_elements``.
     """
 
     def wrap(golden_fn):
@@ -341,6 +347,7 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
         except KeyError as exc:
             raise ConfigError(f"op '{name}' ({where}): unknown dtype {exc}; known: "
                               f"{', '.join(dt.DTYPE_NAMES)}") from None
+        hunt_space = _check_hunt(name, where, hunt, inputs, params)
         _OPS[name] = OpSpec(
             name=name, inputs=tuple(inputs), params=dict(params or {}), outputs=tuple(outputs),
             golden_fn=golden_fn, dtypes=dtype_names,
@@ -350,7 +357,7 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
             description=description or (inspect.getdoc(golden_fn) or "").split("\n")[0],
             version=version, grads=grads, cases=case_path, where=where,
             reuse=dict(reuse or {}), compute_dtype=dt.canonical_name(compute_dtype),
-            compute_floor=compute_floor,
+            compute_floor=compute_floor, hunt=hunt_space,
         )
         if calls:
             try:
@@ -361,6 +368,35 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
         return golden_fn
 
     return wrap
+
+
+HUNT_KEYS = ("params", "inputs", "families", "lengths", "max_elements")
+HUNT_FAMILIES = ("plain", "heavy", "outliers", "peaked", "zeros", "subnormal", "extreme")
+
+
+def _check_hunt(name, where, hunt, inputs, params) -> dict:
+    """An op's ``hunt=`` declaration, checked where it is made: a typo in it would
+    otherwise narrow a search silently."""
+    hunt = dict(hunt or {})
+    what = f"op '{name}' ({where}): hunt"
+    unknown = sorted(set(hunt) - set(HUNT_KEYS))
+    if unknown:
+        raise ConfigError(f"{what} has no key {unknown[0]!r}; known: {', '.join(HUNT_KEYS)}")
+    names = {i.name for i in inputs}
+    bad = [p for p in hunt.get("params", {}) if p not in (params or {})]
+    if bad:
+        raise ConfigError(f"{what}['params'] names {bad[0]!r}, not a param of the op")
+    bad = [i for i in hunt.get("inputs", ()) if i not in names]
+    if bad:
+        raise ConfigError(f"{what}['inputs'] names {bad[0]!r}, not an input of the op")
+    bad = [f for f in hunt.get("families", ()) if f not in HUNT_FAMILIES]
+    if bad:
+        raise ConfigError(f"{what}['families'] names {bad[0]!r}; known: "
+                          f"{', '.join(HUNT_FAMILIES)}")
+    bad = [n for n in hunt.get("lengths", ()) if not (isinstance(n, int) and n >= 1)]
+    if bad:
+        raise ConfigError(f"{what}['lengths'] holds {bad[0]!r}, not a length >= 1")
+    return hunt
 
 
 def _where(fn) -> str:
