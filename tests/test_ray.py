@@ -261,3 +261,21 @@ def test_a_lost_node_s_cases_are_resubmitted(tmp_path):
     assert len(nodes) >= 2 and info["head"] not in nodes  # cases ran on the NPU nodes only
     goldens = doc["meta"]["ray"]["golden_tasks"].values()
     assert len(goldens) == 8 and {g["worker"].split(":")[2] for g in goldens} == {info["head"]}
+
+
+def test_a_hunt_over_ray_finds_what_a_serial_hunt_finds(tmp_path, cluster):
+    """verify hunt --ray: each round's candidates as Ray tasks; the same found cases as
+    the serial hunt, bit for bit."""
+    planted = str(REPO / "tests" / "data" / "planted_kernels.py")
+    common = ("hunt", "--op", "softmax", "--backend", "planted", "--kernels", planted,
+              "--dtype", "fp32", "--budget", "8", "--seed", "1",
+              "--max-elements", str(1 << 19), "--reports", tmp_path)
+    serial = run_cli(*common, "--run-id", "serial", "--store", tmp_path / "s1")
+    spread = run_cli(*common, "--run-id", "ray", "--ray", cluster, "--store", tmp_path / "s2")
+    assert serial.returncode == 1, serial.stdout[-2000:] + serial.stderr[-2000:]
+    assert spread.returncode == 1, spread.stdout[-2000:] + spread.stderr[-3000:]
+    a = json.loads((tmp_path / "serial" / "found_cases.json").read_text())
+    b = json.loads((tmp_path / "ray" / "found_cases.json").read_text())
+    assert a["levels"] == b["levels"] and a["levels"]["L0"]
+    meta = json.loads((tmp_path / "ray" / "results.json").read_text())["meta"]["hunt"]
+    assert meta["ray"] == cluster and meta["tried"] == 8
