@@ -7,7 +7,7 @@ carries a warning: the standard cannot be met by the correctly rounded result.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -16,6 +16,33 @@ from verify.comparator import standards
 from verify.errors import ConfigError
 from verify.comparator import benchmark as bm
 from verify.comparator.metrics import Metrics, exact_metrics, measure_all, measure_pair, round_once
+
+
+@dataclass(frozen=True)
+class KnownFloor:
+    """An output's error floor, computed once per golden (``output_floor``) and kept with
+    it (verify/golden/floors.py): the figures of the golden rounded once to the output
+    dtype under a standard's params. ``compare(..., floor=known)`` then reads only the
+    kernel's output and the golden."""
+    metrics: Metrics
+    histogram: dict | None  # the floor's error histogram (plotdata), None without plots
+
+
+def output_floor(golden: torch.Tensor, dtype, standard=None, output: str | None = None,
+                 plots: bool = True) -> KnownFloor | None:
+    """The error floor of ``golden`` written as ``dtype`` under ``standard``: the same
+    figures, bit for bit, as ``compare``'s own floor (None for an integer output)."""
+    spec = resolve_standard(standard, output)
+    out_dtype = dt.to_torch(dtype)
+    if not out_dtype.is_floating_point or spec["name"] == "benchmark":
+        return None
+    rounded = round_once(golden.detach().to("cpu", torch.float64), out_dtype)
+    m, _, hist, _ = measure_all(rounded, golden, out_dtype, atol=spec.get("atol"),
+                                rtol=spec.get("rtol"), floor=False,
+                                scale=float(spec.get("scale", 1.0)), hist=plots)
+    # the pass's own floor locates no worst element: neither does this one
+    m = replace(m, argmax_abs=-1, argmax_rel=-1)
+    return KnownFloor(m, hist["actual"] if hist else None)
 
 
 @dataclass
@@ -62,7 +89,7 @@ def resolve_standard(spec, output: str | None = None) -> dict:
 
 
 def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=None,
-            output: str | None = None, floor: bool = True,
+            output: str | None = None, floor: "bool | KnownFloor" = True,
             benchmark: torch.Tensor | None = None, plots: bool = True) -> Verdict:
     """Judge ``actual`` against the float64 ``golden``.
 
@@ -72,6 +99,8 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
     dtype: the output dtype whose constants apply (default: actual's dtype).
     standard: a name ('cann_v1', 'allclose', ...) or a dict with params.
     plots=False: no histogram or heat map (a figure of its own, a floor's, say).
+    floor: True computes the error floor in the same pass; a ``KnownFloor`` (from
+    ``output_floor`` on this golden, dtype and standard) is taken as it is; False: none.
     """
     if standard == "benchmark" or (isinstance(standard, dict)
                                    and standard.get("name") == "benchmark"):
@@ -92,10 +121,15 @@ def compare(actual: torch.Tensor, golden: torch.Tensor, dtype=None, standard=Non
                        m, None, standards.margin("exact", m, out_dtype), float("nan"),
                        {"name": "exact"})
     name = spec["name"]
+    known = floor if isinstance(floor, KnownFloor) else None
     m, f, hist, heat = measure_all(actual, golden, out_dtype, atol=spec.get("atol"),
-                                   rtol=spec.get("rtol"), floor=floor,
+                                   rtol=spec.get("rtol"), floor=floor is True,
                                    scale=float(spec.get("scale", 1.0)), hist=plots,
                                    heat="tol" if name == "allclose" else "rel")
+    if known is not None:
+        f = known.metrics
+        if hist is not None and known.histogram is not None:
+            hist["floor"] = known.histogram
     if name == "exact":  # bitwise, never through allclose's tolerances
         em = exact_metrics(actual, golden)
         ok, reason = standards.judge("exact", em, out_dtype, spec)

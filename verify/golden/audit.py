@@ -8,6 +8,7 @@ stale: no run uses it, and it is reported as such, not recomputed.
 """
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 from dataclasses import dataclass
@@ -87,6 +88,8 @@ def audit_entry(store: GoldenStore, key: str) -> Finding:
         want, recompute = cfl.store_key(spec, base), lambda first: [
             tuple(step[n] for n in golden_source.golden_names(spec, case))
             for step in cfl.trajectory(spec, case, first)]
+    elif derived == "floors":  # figures of the golden's floors: recomputed from the golden
+        return _audit_floors(store, key, e, spec, case, base)
     elif derived:
         return Finding(key, e.op, e.case_id, SKIPPED, f"derived entry of unknown kind "
                                                       f"{derived!r}")
@@ -162,3 +165,46 @@ def audit_registry(url: str, fraction: float = 1.0, seed: int = 0,
                 continue
             findings.append(audit_entry(store, key))
     return findings, len(keys)
+
+
+def _audit_floors(store: GoldenStore, key: str, e, spec, case: Case, base: str) -> Finding:
+    """A floors entry (verify/golden/floors.py): each figure recomputed from the stored
+    golden (the output floor) or from the compute-precision evaluation (its verdict)."""
+    from verify.golden import floors as fl
+    from verify.golden import compute_floor as cfl
+    if fl.store_key(base) != key:
+        return Finding(key, e.op, e.case_id, STALE, "made by another golden version (or "
+                                                    "another case record); no run uses it")
+    stored = store.get_tensors(base)
+    if stored is None:
+        return Finding(key, e.op, e.case_id, STALE, "its golden is no longer stored")
+    names = golden_source.golden_names(spec, case)
+    golden = tensors_to_trajectory(stored, names)
+    first = inp.make_inputs(case)
+    cf_steps = None
+    book = (e.meta.get("figures") or {})
+    for sub, kept in sorted(book.items()):
+        kind, out, step, dtype, std_text = sub.split("|", 4)
+        step = int(step)
+        g = dict(zip(names, golden[step]))[out]
+        std = json.loads(std_text)
+        if kind == "out":
+            known = fl.output_floor(g, dtype, std)
+            fresh = fl._jsonable({"metrics": known.metrics.as_dict(),
+                                  "histogram": known.histogram})
+        else:
+            if cf_steps is None:
+                cf_steps = cfl.trajectory(spec, case, first) if cfl.applies(spec, case) else []
+            f = cf_steps[step].get(out) if step < len(cf_steps) else None
+            fresh = {"none": True} if f is None else None
+            if f is not None:
+                from verify.comparator.comparison import compare
+                v = compare(f, g, dtype=dtype, standard=std, floor=False, plots=False)
+                fresh = fl._jsonable({"verdict": v.verdict, "standard": v.standard,
+                                      "reason": v.reason, "dtype": v.dtype,
+                                      "metrics": v.metrics.as_dict(), "margin": v.margin})
+        if json.dumps(fresh, sort_keys=True) != json.dumps(kept, sort_keys=True):
+            return Finding(key, e.op, e.case_id, DIFFERS, f"floor figures {sub.split('|')[0]} "
+                                                          f"of {out} step {step + 1} differ "
+                                                          f"when recomputed")
+    return Finding(key, e.op, e.case_id, OK)

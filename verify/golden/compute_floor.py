@@ -27,6 +27,7 @@ from contextlib import contextmanager
 import torch
 
 from verify.comparator import dtypes as dt
+from verify.golden import floors
 from verify.golden import source as golden_source
 from verify.cases import selection
 from verify.cases.case import Case
@@ -173,6 +174,7 @@ def live_golden_keys(cases_dirs: list[str]) -> set[str]:
         spec = registry.op(case.op)
         key = case.golden_key(spec.golden_version)
         keys.add(key)
+        keys.add(floors.store_key(key))  # both floors' figures, kept beside it
         if applies(spec, case):  # the compute-precision floor kept beside it
             keys.add(store_key(spec, key))
     return keys

@@ -341,6 +341,35 @@ class GoldenResolver:
         self._remember(key, traj)
         return traj
 
+    def figures(self, key: str) -> dict | None:
+        """Small figures derived from a golden (its floors: verify/golden/floors.py),
+        kept in the store entry's meta; None when not kept yet."""
+        if key in self._memory:
+            return self._memory[key]
+        if self.store is None:
+            return None
+        try:
+            entry = self.store.entry(key)
+        except STORE_FAULTS as exc:
+            self.degrade(exc)
+            return None
+        return None if entry is None else entry.meta.get("figures")
+
+    def keep_figures(self, key: str, base_key: str, kind: str, spec: OpSpec, case: Case,
+                     first_inputs: dict, figures: dict) -> None:
+        """Store ``figures`` beside the golden ``base_key`` (a recorded call's, and those of
+        a run without a writable store, stay in this process's memory)."""
+        self._remember(key, figures)
+        if case.source is not None or self.store is None or self.store.readonly:
+            return
+        meta = _record(spec, case, [], _provenance(spec, first_inputs),
+                       derived={"kind": kind, "of": base_key}, figures=figures)
+        try:
+            with self.store.lock(key):
+                self.store.put_tensors(key, {"figures": torch.zeros(1)}, meta)
+        except STORE_FAULTS as exc:
+            self.degrade(exc)
+
     @staticmethod
     def _compute(spec, case, first_inputs):
         t1 = time.perf_counter()

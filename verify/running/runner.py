@@ -27,6 +27,7 @@ from verify.comparator.comparison import compare, compare_topk, resolve_standard
 from verify.report.difftable import worst_elements
 from verify.errors import Unsupported
 from verify.golden import compute_floor as cfl
+from verify.golden.floors import FloorBook
 from verify.running import context, deadline
 from verify.running import triton_probe
 from verify.golden import source as golden_source
@@ -557,6 +558,7 @@ def _run_case(case: Case, kern: registry.Kernel, ctx: context.RunContext,
     rows = []
     alt = Alternatives(spec, case, first_inputs, g_steps[0]) if spec.reuse else None
     floors = ComputeFloor(spec, case, first_inputs, ctx.resolver)
+    book = FloorBook(ctx.resolver, spec, case, first_inputs)
     if grad_skip and not case.backward:  # forward-only kernel of a forward+backward case
         rows += [_row(base, output=g, verdict="SKIP", reason=grad_skip,
                       out_dtype=dt.name_of(spec.output_dtype(g, case.dtype, case.params)))
@@ -578,7 +580,7 @@ def _run_case(case: Case, kern: registry.Kernel, ctx: context.RunContext,
             continue
         try:
             rows.append(_judge_output(row, spec, case, out_name, out_dtype, k_steps,
-                                      g_steps, last_inputs, alt, floors, kern))
+                                      g_steps, last_inputs, alt, floors, kern, book))
         except Exception as exc:
             rows.append(_row(row, verdict="ERROR", reason=(
                 str(exc) if isinstance(exc, KernelOutputError)
@@ -597,6 +599,7 @@ def _run_case(case: Case, kern: registry.Kernel, ctx: context.RunContext,
                                     g_steps[-1][out_name], last_inputs, floors))
         except Exception as exc:
             rows.append(_row(row, verdict="ERROR", reason=f"comparing: {_error_text(exc)}"))
+    book.save()
     return rows
 
 
@@ -637,7 +640,8 @@ def _judge_view(row, spec, case, view, actual, golden, inputs,
     row.update(_metric_columns(v))
     cf = floors.step(len(floors.steps_or_empty()) - 1, view["output"]) if floors else None
     if cf is not None:
-        _apply_compute_floor(row, [v], [picked(cf)], [g], out_dtype, std, where)
+        _apply_compute_floor(row, [v], _floor_verdicts([picked(cf)], [g], out_dtype, std),
+                             out_dtype, std, where)
     if row["verdict"] != "PASS":
         row["diff_table"] = worst_elements(a, g, {}, k=DIFF_ROWS)
     return row
@@ -749,14 +753,19 @@ class ComputeFloor:
         return steps[s].get(name)
 
 
-def _apply_compute_floor(row, verdicts, floor_outs, goldens, out_dtype, std, prefix="",
+def _floor_verdicts(floor_outs, goldens, out_dtype, std) -> list:
+    """The compute-precision floor's verdicts (None where it has no output); its own
+    figures need no output floor of their own (one metrics pass)."""
+    return [compare(f, g, dtype=out_dtype, standard=std, floor=False, plots=False)
+            if f is not None else None for f, g in zip(floor_outs, goldens)]
+
+
+def _apply_compute_floor(row, verdicts, floor_vs, out_dtype, std, prefix="",
                          steps_label=None) -> None:
     """Add the cfloor_* columns (of the last verdict's step) and, when the exact golden's
     verdict FAILs only by the error a correct kernel computing in the compute precision
-    has too, turn the row into a PASS with a warning that shows both figures."""
-    # the floor's own figures need no output floor of their own (one metrics pass)
-    floor_vs = [compare(f, g, dtype=out_dtype, standard=std, floor=False, plots=False)
-                if f is not None else None for f, g in zip(floor_outs, goldens)]
+    has too, turn the row into a PASS with a warning that shows both figures.
+    ``floor_vs``: the floor's verdicts per step (a FloorBook's, or _floor_verdicts)."""
     last, last_floor = verdicts[-1], floor_vs[-1]
     if last_floor is None:
         return
@@ -813,7 +822,7 @@ def _order_hint(spec, case, out_name, actual, g_step) -> str:
 
 def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_inputs,
                   alt: Alternatives | None = None, floors: ComputeFloor | None = None,
-                  kern: registry.Kernel | None = None):
+                  kern: registry.Kernel | None = None, book: FloorBook | None = None):
     std = resolve_standard(case.standard or spec.standard, out_name)
     n_terms, k = reduction_scale(spec, case, out_name, out_dtype)
     if k > 1.0 and "scale" not in std:
@@ -839,8 +848,11 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
         if compare_how == "topk_set":
             scores = g_out[spec.output(out_name).scores]
             v = compare_topk(actual, golden, scores)
-        else:
-            v = compare(actual, golden, dtype=out_dtype, standard=std, output=None)
+        else:  # the output floor's figures are kept with the golden (golden/floors.py)
+            known = book.output_floor(out_name, s, golden, out_dtype, std) \
+                if book is not None else True
+            v = compare(actual, golden, dtype=out_dtype, standard=std, output=None,
+                        floor=known if known is not None else True)
         verdicts.append(v)
         per_step.append({"step": s + 1, "verdict": v.verdict, "mere": v.metrics.mere,
                          "mare": v.metrics.mare, "max_abs": v.metrics.max_abs,
@@ -879,9 +891,13 @@ def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_i
             f"{decisive.metrics.mare:.3g})", row["warning"]]))
     elif floors is not None and compare_how == "values" and out_dtype.is_floating_point:
         row["compute_dtype"] = spec.compute_dtype
-        _apply_compute_floor(row, verdicts,
-                             [floors.step(s, out_name) for s in range(len(verdicts))],
-                             [g[out_name] for g in g_steps], out_dtype, std,
+        floor_vs = [book.compute_floor(out_name, s, lambda s=s: floors.step(s, out_name),
+                                       g_steps[s][out_name], out_dtype, std)
+                    if book is not None else
+                    _floor_verdicts([floors.step(s, out_name)], [g_steps[s][out_name]],
+                                    out_dtype, std)[0]
+                    for s in range(len(verdicts))]
+        _apply_compute_floor(row, verdicts, floor_vs, out_dtype, std,
                              steps_label=case.steps > 1)
         if row["verdict"] == "FAIL" and floors.error:
             row["warning"] = " | ".join(filter(None, [row["warning"], floors.error]))

@@ -1,0 +1,91 @@
+"""Both floors' figures are computed once per golden and kept beside it in the store
+(verify/golden/floors.py): compare with a known floor gives the figures of compare's own
+floor bit for bit; a warm run reads them, computes none and writes the same rows; gc
+keeps them with their golden; the audit recomputes them and catches a tampered one."""
+import json
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import verify
+from verify.comparator.comparison import compare, output_floor
+from verify.golden import floors
+from verify.golden.store import GoldenStore
+
+
+def _same(x, y):
+    return x == y or (isinstance(x, float) and isinstance(y, float)
+                      and math.isnan(x) and math.isnan(y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_known_floor_gives_compare_s_own_floor_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(1)
+    for case, shape in enumerate([(1000,), (37, 129), (2, 70000)]):
+        g = torch.randn(shape, generator=gen, dtype=torch.float64) * 10.0 ** (2 * case - 2)
+        flat = g.view(-1)
+        flat[::97], flat[5::101], flat[7::89] = float("nan"), float("inf"), 1e-40
+        flat[9::83] = 1e38 if dtype == torch.float32 else 7e4  # overflows the dtype
+        a = g.to(dtype)
+        a.view(-1)[::13] += 0.01
+        for std in ("cann_v1", "cann_v2", "allclose", "ulp", "abs_threshold",
+                    {"name": "allclose", "atol": 1e-3, "rtol": 1e-2, "scale": 4.0}):
+            own = compare(a, g, dtype=dtype, standard=std)
+            known = compare(a, g, dtype=dtype, standard=std,
+                            floor=output_floor(g, dtype, std))
+            mine, kept = asdict(own.floor), asdict(known.floor)
+            assert all(_same(mine[k], kept[k]) for k in mine), (std, shape)
+            assert own.histogram == known.histogram and own.warning == known.warning
+            assert _same(own.floor_margin, known.floor_margin) and own.verdict == known.verdict
+
+
+def test_a_warm_run_reads_the_floors_and_writes_the_same_rows(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    ops = ["softmax", "apply_adam_w_v2"]  # one output; three outputs over several steps
+    cold = verify.run(level="L0", ops=ops, backends=["torch"], store=store, reports=False)
+    kept = [e for e in GoldenStore(store).entries(derived=True)
+            if (e.meta.get("derived") or {}).get("kind") == floors.KIND]
+    assert kept and all(e.meta.get("figures") for e in kept)
+    calls = []
+    real_floor, real_compare = floors.output_floor, floors.compare
+    monkeypatch.setattr(floors, "output_floor", lambda *a, **k: calls.append(1) or
+                        real_floor(*a, **k))
+    monkeypatch.setattr(floors, "compare", lambda *a, **k: calls.append(2) or
+                        real_compare(*a, **k))
+    warm = verify.run(level="L0", ops=ops, backends=["torch"], store=store, reports=False)
+    assert calls == []  # neither floor computed again
+    skip = {"golden_source", "golden_s", "kernel_s", "backward_s", "worker"}
+    key = lambda r: (r["op"], r["case_id"], r["kernel"], r["output"])  # noqa: E731
+    a, b = {key(r): r for r in cold.rows}, {key(r): r for r in warm.rows}
+    assert a.keys() == b.keys() and len(a) > 40
+    for k in a:
+        fields = (set(a[k]) | set(b[k])) - skip
+        assert all(_same(a[k].get(f), b[k].get(f)) for f in fields), k
+
+
+def test_gc_keeps_the_floors_and_the_audit_recomputes_them(tmp_path):
+    from verify.golden import audit, compute_floor as cfl
+    from verify.cases import selection
+    store_dir = tmp_path / "store"
+    verify.run(level="L0", ops=["rms_norm"], backends=["torch"], store=store_dir,
+               reports=False)
+    store = GoldenStore(store_dir)
+    kept = [e for e in store.entries(derived=True)
+            if (e.meta.get("derived") or {}).get("kind") == floors.KIND]
+    assert kept
+    live = cfl.live_golden_keys([selection.builtin_cases_dir()])
+    assert {e.key for e in kept} <= live
+    assert store.gc(live)["entries_removed"] == 0
+    first = kept[0]
+    assert audit.audit_entry(store, first.key).status == audit.OK
+    # a figure changed in the store: the audit recomputes it and says so
+    meta = dict(first.meta)
+    figures = json.loads(json.dumps(meta["figures"]))
+    sub = next(k for k in figures if k.startswith("out|"))
+    figures[sub]["metrics"]["mere"] = 0.5
+    meta["figures"] = figures
+    store.put_tensors(first.key, {"figures": torch.zeros(1)}, meta)
+    finding = audit.audit_entry(store, first.key)
+    assert finding.status == audit.DIFFERS and "differ" in finding.detail, finding
