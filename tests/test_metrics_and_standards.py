@@ -181,3 +181,18 @@ def test_streaming_is_independent_of_chunking(monkeypatch):
     monkeypatch.setattr(metrics, "CHUNK", metrics.BLOCK)
     chunked = metrics.measure(a, g)
     assert whole == chunked  # bitwise: fixed blocks, combined in order
+
+
+def test_the_float32_floor_by_conversion_rounds_as_the_software_rounding():
+    """The pass rounds an fp32 output's golden by the hardware conversion: the same bits
+    as its own IEEE rounding everywhere (ties, subnormals, overflow, NaN / Inf)."""
+    rng = np.random.default_rng(0)
+    v = np.concatenate([
+        rng.normal(size=20000) * 10.0 ** rng.uniform(-50, 45, 20000),
+        (rng.integers(1, 1 << 24, 5000) + 0.5) * 2.0 ** rng.integers(-160, 110, 5000),
+        [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4028235677973366e38, 1e-45, 7e-46]])
+    from verify.comparator import metrics as M
+    soft, hard = np.empty_like(v), np.empty_like(v)
+    M._round_range(v, v.view(np.int64), 0, v.size, M._rounding_of(torch.float32), soft)
+    M._to_f32_range(v, 0, v.size, hard)
+    assert (soft.view(np.int64) == hard.view(np.int64)).all()
