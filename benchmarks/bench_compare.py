@@ -1,8 +1,11 @@
 """Comparator throughput: all metrics in one pass vs torch.testing.assert_close, and vs
 the memory floor (one read-only pass over the same actual and golden: their sums).
 
-Both run in this process on the same [7168, 4096] fp32 output and float64 golden; the
+All run in this process on the same [7168, 4096] fp32 output and float64 golden; the
 figure that matters is the ratio, measured side by side (this machine's timings are noisy).
+Then the same ratios for bf16 and fp16 outputs, a [4M, 1] and a [1, 4M] shape and NaN /
+Inf present, and what a known floor (kept with the golden, verify/golden/floors.py) costs
+over a compare without floors.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import time
 import torch
 
 from verify.comparator import metrics
-from verify.comparator.comparison import compare
+from verify.comparator.comparison import compare, output_floor
 
 SHAPE = (7168, 4096)
 REPEATS = 7
@@ -84,6 +87,47 @@ def main() -> None:
           f"{rows[3][1] / rows[1][1]:.2f}")
     print(f"  plot data's cost: with both histograms and the heat map / metrics with floor = "
           f"{rows[4][1] / rows[1][1]:.2f} (target <= 1.1)")
+    print(f"  targets: verify.compare <= 4x the memory floor ({rows[5][1] / floor_best:.1f}x), "
+          f">= 10x faster than assert_close ({ref_best / rows[5][1]:.1f}x); metrics alone "
+          f"<= 2.5x the floor ({rows[0][1] / floor_best:.1f}x)")
+    variants()
+
+
+VARIANTS = (("fp32 [7168, 4096]", torch.float32, SHAPE, False),
+            ("bf16 [7168, 4096]", torch.bfloat16, SHAPE, False),
+            ("fp16 [7168, 4096]", torch.float16, SHAPE, False),
+            ("fp32 [4M, 1]", torch.float32, (1 << 22, 1), False),
+            ("fp32 [1, 4M]", torch.float32, (1, 1 << 22), False),
+            ("fp32 [7168, 4096], NaN / Inf", torch.float32, SHAPE, True),
+            ("bf16 [7168, 4096], NaN / Inf", torch.bfloat16, SHAPE, True))
+
+
+def variants() -> None:
+    """Per output dtype and shape: metrics alone, compare with every floor computed,
+    compare with the floors known and without floors, as multiples of the memory floor
+    (best of 5, round robin)."""
+    print("per dtype and shape (x the memory floor; known / none: compare with the floors "
+          "kept with the golden over compare without floors, target <= 1.15)")
+    for label, dtype, shape, special in VARIANTS:
+        gen = torch.Generator().manual_seed(1)
+        golden = torch.randn(shape, generator=gen, dtype=torch.float64)
+        if special:
+            flat = golden.view(-1)
+            flat[::1009] = float("nan")
+            flat[7::2003] = float("inf")
+        actual = golden.to(dtype)
+        known = output_floor(golden, dtype, "cann_v1")
+        fns = [lambda: (actual.sum(), golden.sum()),
+               lambda: metrics.measure(actual, golden),
+               lambda: compare(actual, golden, standard="cann_v1"),
+               lambda: compare(actual, golden, standard="cann_v1", floor=known),
+               lambda: compare(actual, golden, standard="cann_v1", floor=False),
+               lambda: torch.testing.assert_close(actual, golden, check_dtype=False,
+                                                  equal_nan=True, atol=1e9, rtol=1e9)]
+        (fl, _), (me, _), (co, _), (kn, _), (no, _), (ref, _) = round_robin(fns, 5)
+        print(f"  {label:30s} floor {fl * 1e3:7.1f} ms  metrics {me / fl:5.1f}x  compare "
+              f"{co / fl:5.1f}x  known floors {kn / fl:5.1f}x  none {no / fl:5.1f}x  "
+              f"known / none {kn / no:4.2f}  assert_close / compare {ref / co:5.1f}x")
 
 
 if __name__ == "__main__":
