@@ -158,7 +158,7 @@ def test_devices_crash_and_hangs_on_ray(tmp_path, cluster):
     assert "never returned to Python" in errors["tail-fp32-33x1023"]
     assert all(r["verdict"] == "PASS" for c, rs in by_case.items() if c not in errors
                for r in rs)
-    assert wall < 3 + 10 + 90, wall  # limit + the driver's grace + processes on 2 cores
+    assert wall < 3 + 10 + 150, wall  # limit + the driver's grace + processes on 2 cores (loaded)
     # device hygiene: one process per case, each saw one device id, the one Ray gave it
     calls = [open(tmp_path / "calls" / f).read().split(" ", 3)
              for f in os.listdir(tmp_path / "calls")]
