@@ -133,13 +133,10 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
     mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
     v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
     abs_rtol, thou_atol, eps_abs = c[C_ABS_RTOL], c[C_THOU_ATOL], c[C_EPS_ABS]
-    # counts are integers (exact in any order, so LLVM keeps them in vector registers);
-    # the float sums keep their own order
-    s_rel = m_rel = m_abs = s_sq = dot = aa = gg = s_eb = m_ulp = s_ulp = 0.0
-    m_pr = m_tol = m_g = 0.0
-    n = bad = same = n_gt = n_lt = n_u1 = n_u32 = n_small = n_small_bad = 0
-    ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = zero_bad = shrink = grow = 0
-    eb_gt = eb_lt = 0
+    n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
+    n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
+    ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
+    shrink = grow = eb_gt = eb_lt = m_g = 0.0
     for j in range(lo, hi):
         i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
         ab = np.int64(abits[i])
@@ -152,13 +149,13 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
         same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
         eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
         f = (1.0 - a_spec) * (1.0 - g_spec)
-        same += 1 if eq_special > 0.5 else 0
-        bad += 1 if f + eq_special < 0.5 else 0
+        same += eq_special
+        bad += 1.0 - f - eq_special
         a_raw = np.float64(a[i])
         g_raw = g[i]
         av = a_raw if f > 0.5 else 0.0
         gv = g_raw if f > 0.5 else 0.0
-        n += 1 if f > 0.5 else 0
+        n += f
         diff = av - gv
         d = abs(diff)
         ag = abs(gv)
@@ -166,18 +163,18 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
         dot += av * gv
         aa += av * av
         gg += gv * gv
-        n_gt += 1 if av > gv else 0
-        n_lt += 1 if av < gv else 0
+        n_gt += 1.0 if av > gv else 0.0
+        n_lt += 1.0 if av < gv else 0.0
         # msprobe's error balance against the golden cast to float32 (its NumPy dtype
         # for fp32 and bf16 outputs), for finite pairs; a block with any NaN / Inf pair
         # or a golden beyond float32's range is counted again exactly (_eb_range)
         cast = np.float64(np.float32(gv))
-        eb_gt += 1 if (f > 0.5) & (av > cast) else 0
-        eb_lt += 1 if (f > 0.5) & (av < cast) else 0
+        eb_gt += f * (1.0 if av > cast else 0.0)
+        eb_lt += f * (1.0 if av < cast else 0.0)
         m_g = _fmax(m_g, ag)
         a_mag = abs(av)
-        shrink += 1 if a_mag < ag else 0
-        grow += 1 if a_mag > ag else 0
+        shrink += 1.0 if a_mag < ag else 0.0
+        grow += 1.0 if a_mag > ag else 0.0
         inv_ag = 1.0 / _fmax(ag, 1e-300)
         s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
         m_abs = _fmax(m_abs, d)
@@ -186,7 +183,7 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
         m_rel = _fmax(m_rel, rel)
         g_pos = 1.0 if ag > 0.0 else 0.0
         m_pr = _fmax(m_pr, d * inv_ag * g_pos)
-        zero_bad += 1 if (g_pos < 0.5) & (d > 0.0) else 0
+        zero_bad += (1.0 - g_pos) * (1.0 if d > 0.0 else 0.0)
         # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
         e_field = (gb >> 52) & 0x7FF
         e_field = e_field if e_field > min_field else min_field
@@ -195,23 +192,22 @@ def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
         ulp = d * _as_float(scale_field << 52)
         m_ulp = _fmax(m_ulp, ulp)
         s_ulp += ulp
-        n_u1 += 1 if ulp > 1.0 else 0
-        n_u32 += 1 if ulp > 32.0 else 0
+        n_u1 += 1.0 if ulp > 1.0 else 0.0
+        n_u32 += 1.0 if ulp > 32.0 else 0.0
         sm = f * (1.0 if ag <= small else 0.0)
         within_atol = 1.0 if d <= small_atol else 0.0
-        n_small += 1 if sm > 0.5 else 0
-        n_small_bad += 1 if sm * (1.0 - within_atol) > 0.5 else 0
+        n_small += sm
+        n_small_bad += sm * (1.0 - within_atol)
         denom = ag + eps_ms
         big = f - sm
         within_thou = 1.0 if d <= thou_atol else 0.0
-        small_ok = sm * within_thou
-        ok2 += 1 if small_ok + big * (1.0 if d < 1e-2 * denom else 0.0) > 0.5 else 0
-        ok3 += 1 if small_ok + big * (1.0 if d < 1e-3 * denom else 0.0) > 0.5 else 0
-        ok4 += 1 if small_ok + big * (1.0 if d < 1e-4 * denom else 0.0) > 0.5 else 0
-        n_rel_bad += 1 if big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0) > 0.5 else 0
-        n_v2 += 1 if f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0) > 0.5 else 0
+        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
+        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
+        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
+        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
+        n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
         allowed = atol + rtol * ag
-        n_case += 1 if f * (1.0 if d <= allowed else 0.0) > 0.5 else 0
+        n_case += f * (1.0 if d <= allowed else 0.0)
         tol = d / _fmax(allowed, 1e-300)  # allclose's measure d / (atol + rtol |g|)
         m_tol = _fmax(m_tol, tol)
         # per element, for the histogram and the heat map: the same NaN / Inf in the same
