@@ -58,12 +58,23 @@ def test_the_torch_kernels_hunt_clean(op):
     result = verify.hunt(op, "torch", dtypes=["fp32"], seed=0, max_elements=SMALL,
                          reports=False)
     if op == "layer_norm":
-        # the one explained weakness (README "Hunting"): PyTorch's layer_norm backward
-        # over rows of one element, whose true gradients are 0
+        # explained weaknesses (README "Hunting") of PyTorch's layer_norm: rows of one
+        # element (whose normalised values and gradients are exactly 0), and rows holding
+        # a value near fp32's largest (its variance overflows: NaN)
         for t in result.found:
             fails = [r for r in t.rows if r["verdict"] == "FAIL"]
+            extreme = "huge" in json.dumps(t.entry.get("inputs", {}).get("x", {}))
+            if extreme and all(r.get("nan_inf_mismatch") for r in fails):
+                continue
             assert t.entry["shape"][-1] == 1, t.entry
-            assert {r["output"] for r in fails} <= {"grad_x", "grad_weight"}, t.entry
+            assert {r["output"] for r in fails} <= {"y", "grad_x", "grad_weight"}, t.entry
+    elif op == "softmax":
+        # the other (README "Hunting"): PyTorch's fp32 CPU softmax sums a long row in
+        # fp32, so its error grows with the row (mean ULP ~270 at 32,000, ~950 at 131,072)
+        for t in result.found:
+            fails = [r for r in t.rows if r["verdict"] == "FAIL"]
+            assert t.entry["shape"][-1] >= 16384 and {r["output"] for r in fails} == {"y"}, \
+                t.entry
     else:
         assert result.found == [], [t.entry for t in result.found]
     assert result.tried >= 50
@@ -72,7 +83,7 @@ def test_the_torch_kernels_hunt_clean(op):
 def test_the_same_seed_gives_the_same_found_cases():
     def found(seed):
         r = verify.hunt("softmax", "planted", kernels=[PLANTED], dtypes=["fp32"], seed=seed,
-                        budget=12, max_elements=SMALL, reports=False)
+                        budget=24, max_elements=SMALL, reports=False)
         return [t.entry for t in r.found]
     first = found(5)
     assert first and found(5) == first

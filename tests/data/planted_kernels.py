@@ -58,8 +58,9 @@ def adam_w_int16_step(weight, grad, m, v, *, beta1=0.9, beta2=0.999, lr=1e-3,
     (late in training)."""
     if weight.dtype not in (torch.float32, torch.bfloat16):
         raise TypeError(f"apply_adam_w_v2: weight must be fp32 or bf16, got {weight.dtype}")
-    t = float(torch.tensor(step).to(torch.int16))
-    bc1, bc2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
+    t = torch.tensor(step).to(torch.int16).to(torch.float64)  # 100000 -> -31072
+    bc1 = 1.0 - float(torch.pow(torch.tensor(beta1, dtype=torch.float64), t))
+    bc2 = 1.0 - float(torch.pow(torch.tensor(beta2, dtype=torch.float64), t))
     w, g = weight.float(), grad.float()
     m_t = beta1 * m + (1.0 - beta1) * g
     v_t = beta2 * v + (1.0 - beta2) * g * g

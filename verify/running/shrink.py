@@ -1,15 +1,18 @@
-"""``verify shrink RUN_DIR``: each failing input of a hunt made as small and as simple as
-it can be while it still fails, written as a case file and a standalone reproducer.
+"""``verify shrink RUN_DIR``: each failing input of a hunt (or each case that FAILed in a
+run) made as small and as simple as it can be while it still fails, written as a case
+file and a standalone reproducer.
 
-Still failing means a finding by the hunt's own rule (hunt._score). In turn: the
-forward alone where it fails (the reproducer checks forward outputs); each searched
-input as one constant value where that suffices; each dimension bisected down
-to the shortest extent that fails (lengths past a block size are found this way); the
-leading dimensions dropped while the op's rank range allows. The reproducer
+Still failing means a finding by the hunt's own rule (hunt._score), or for a run's case a
+FAIL under its standard. In turn: the forward alone and one step where they fail (the
+reproducer checks forward outputs); each param back to its default; each input's sparse
+values made dense (a fraction of 1, then 0.5, so that a few elements still hold them),
+its value family back to its base, then one constant value where that suffices; the
+leading dimensions dropped while the op's rank range allows; each extent cut to the
+shortest that fails (lengths past a block size are found this way). The reproducer
 ``repro_<op>_<case>.py`` needs torch and the kernel's module only: the inputs, params and
-float64 golden are saved beside it (``.pt``); it calls the kernel, prints the worst
-elements and exits 1 while the kernel's error exceeds FINDING_RATIO times what a correct
-kernel computing in the op's compute dtype has on those inputs (0 once fixed).
+float64 golden are saved beside it (``.pt``); it calls the kernel (every step of a
+multi-step case), prints the worst elements and exits 1 while the kernel is still wrong
+(0 once fixed); a kernel that raises on the inputs is wrong.
 """
 from __future__ import annotations
 
@@ -70,6 +73,13 @@ class _Shrinker:
             if self.fails(trial):
                 best = trial
         for name, dist in sorted((best.get("inputs") or {}).items()):
+            if 0 < float(dist.get("fraction", 1.0)) < 1:  # sparse values made dense, so
+                for dense in (1.0, 0.5):  # that a few elements still hold them
+                    trial = json.loads(json.dumps(best))
+                    trial["inputs"][name]["fraction"] = dense
+                    if self.fails(trial):
+                        best, dist = trial, trial["inputs"][name]
+                        break
             base = dist.get("base")  # a value family: its base distribution alone
             if isinstance(base, dict):
                 trial = json.loads(json.dumps(best))
@@ -183,7 +193,12 @@ def main():
     kernel = load_kernel()
     inputs, params = dict(data["inputs"]), dict(data["params"])
     for step in range(data["steps"]):  # a multi-step case feeds outputs back as inputs
-        out = kernel(**inputs, **params)
+        try:
+            out = kernel(**inputs, **params)
+        except Exception as exc:  # a kernel that raises on these inputs is wrong too
+            print(f"the kernel raised {{type(exc).__name__}}: {{exc}}")
+            print("still wrong")
+            return 1
         out = out if isinstance(out, (tuple, list)) else (out,)
         named = dict(zip(data["outputs"], out))
         for into, source in data["feedback"].items():

@@ -132,7 +132,7 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
             rng.standard_t(float(dist.get("df", 2.0)), shape)
     elif kind == "outliers":  # a 'fraction' of the base's values times 'factor'
         out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng, params)
-        pick = rng.random(shape) < float(dist.get("fraction", 0.001))
+        pick = _picked(dist, shape, rng, 0.001)
         out = np.where(pick, out * float(dist.get("factor", 100.0)), out)
     elif kind == "peaked":  # one random entry per row raised by 'margin': confident logits
         out = rng.normal(float(dist.get("mean", 0.0)), float(dist.get("std", 1.0)), shape)
@@ -149,7 +149,7 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
     elif kind == "special":
         out = draw(dist.get("base", {"dist": "normal"}), shape, dtype, rng, params)
         values = [_value(v, fdtype) for v in dist.get("values", ["nan", "inf", "-inf"])]
-        pick = rng.random(shape) < float(dist.get("fraction", 0.01))
+        pick = _picked(dist, shape, rng, 0.01)
         choice = rng.integers(0, len(values), shape)
         out = np.where(pick, np.asarray(values)[choice], out)
     else:
@@ -160,6 +160,16 @@ def draw(dist: Mapping, shape: tuple[int, ...], dtype: torch.dtype,
     if "scale" in dist:
         out = out * float(dist["scale"])
     return out
+
+
+def _picked(dist: Mapping, shape, rng, fraction: float) -> np.ndarray:
+    """Which elements a sprinkled distribution changes: every ``every``-th element in
+    order (0, every, 2 every, ...: the same places whatever the shape, so a shrunk case
+    keeps them), else a random ``fraction`` of them."""
+    if "every" in dist:
+        n = int(np.prod(shape)) if shape else 1
+        return (np.arange(n) % int(dist["every"]) == 0).reshape(shape)
+    return rng.random(shape) < float(dist.get("fraction", fraction))
 
 
 def _chunk_size(dist: Mapping, params: Mapping | None, default: int) -> int:
