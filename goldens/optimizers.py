@@ -290,8 +290,11 @@ def adafactor(weight, grad, row_var, col_var, *, lr, beta2_decay, eps1, eps2, d,
         g2 = grad[a:b] * grad[a:b]
         row_mean[a:b] = g2.mean(dim=1)
         col_sum += g2.sum(dim=0)
-    row_new = row_var + (row_mean - row_var) * one_minus_beta2
-    col_new = col_var + (col_sum / rows - col_var) * one_minus_beta2
+    # the convex combination of two non-negative terms: no cancellation, where the lerp
+    # form v + (m - v) * c loses m entirely once v is huge (verify hunt found it: a
+    # state of 1.7e38 at step 1, c = 1, gave 0 instead of m)
+    row_new = row_var * (1.0 - one_minus_beta2) + row_mean * one_minus_beta2
+    col_new = col_var * (1.0 - one_minus_beta2) + (col_sum / rows) * one_minus_beta2
     row_scale = max(float(row_new.mean()), eps1)
 
     w_new = torch.empty_like(weight)  # holds the raw update first
