@@ -469,11 +469,18 @@ def _prepared(setup: Setup):
             registry.load_user_module(_module_path(module, setup.cwd))
         if setup.threads:
             torch.set_num_threads(setup.threads)
-        ctx = context.RunContext(resolver=golden_source.configure(setup.store),
+        ctx = context.RunContext(resolver=_resolver(setup.store),
                                  case_timeout=setup.case_timeout)
         _PREPARED.clear()
         _PREPARED[setup] = ctx
     return ctx
+
+
+def _resolver(store: str | None):
+    """The hunt's goldens: a candidate is tried once, so its golden is kept in memory, not
+    in the user's store (a hunt of every op at 2^21 elements wrote 17 GB there); with
+    ``--store`` given, in that store."""
+    return golden_source.configure(store) if store else golden_source.GoldenResolver(None)
 
 
 def evaluate_remote(setup: Setup, op: str, backend: str, kernel: str,
@@ -713,7 +720,7 @@ def hunt(op: str, backend: str, *, kernels=(), dtypes=None, budget: int = DEFAUL
     if workers < 0:
         raise ConfigError(f"-n must be a number of processes >= 0, not {workers}")
     space = Space.of(spec, wanted, max_elements)
-    ctx = context.RunContext(resolver=golden_source.configure(store), case_timeout=case_timeout)
+    ctx = context.RunContext(resolver=_resolver(store), case_timeout=case_timeout)
     threads = max(1, (os.cpu_count() or 1) // workers) if workers > 1 else 0
     setup = Setup(_kernel_modules(kernels), store, case_timeout, os.getcwd(), threads)
     rng = np.random.Generator(np.random.PCG64(seed))
