@@ -181,6 +181,17 @@ def attention(q, k, v, *, causal, scale, block_size):
 
 
 # -- MoE routing -----------------------------------------------------------------------
+def _check_moe_routing(logits, *, top_k, gating, normalize, **_):
+    """The router's contract: 1 <= top_k <= the experts in logits' last dim (verify hunt
+    found kernels raising past it, an input the wrapper refuses)."""
+    experts = logits.shape[-1] if logits.dim() else 0
+    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        raise ValueError(f"moe_routing: top_k must be from 1 to the {experts} experts of "
+                         f"logits {list(logits.shape)}, got {top_k!r}")
+    if gating not in ("sigmoid", "softmax"):
+        raise ValueError(f"moe_routing: gating must be 'sigmoid' or 'softmax', got {gating!r}")
+
+
 @declare_op(
     "moe_routing",
     inputs=[InputSpec("logits", dist={"dist": "normal", "std": 1.0})],
@@ -190,6 +201,7 @@ def attention(q, k, v, *, causal, scale, block_size):
              OutputSpec("scores", "fp64", golden_only=True)],
     dtypes=FLOATS,
     standard={"name": "allclose"},
+    validate=_check_moe_routing,
     ranks=(2, 2),
     description="MoE routing over logits [T, E]: scores = sigmoid or softmax(logits); the "
                 "top_k experts by score in descending order; their scores as fp32 weights, "
