@@ -139,7 +139,7 @@ def swiglu(x, *, dim):
     if x.shape[dim] % 2:
         raise ValueError(f"swiglu: dim {dim} of x {list(x.shape)} must have an even size")
     a, b = x.chunk(2, dim=dim)
-    return (a / (1.0 + torch.exp(-a)) * b,)
+    return (a * torch.sigmoid(a) * b,)  # as silu: a finite backward for a < -709
 
 
 # -- layer_norm --------------------------------------------------------------------------
