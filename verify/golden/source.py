@@ -233,18 +233,23 @@ class GoldenResolver:
         self.store = None
         notices.warn(store_problem(self.store_dir, exc))
 
-    def _read_local(self, names: list[str], key: str):
+    def _kept(self, key: str, read):
+        """What this process remembers under ``key``, else ``read(store)`` (None on a
+        store fault, which degrades the run to memory)."""
         if key in self._memory:
             return self._memory[key]
         if self.store is None:
             return None
         try:
-            tensors = self.store.get_tensors(key)
+            return read(self.store)
         except STORE_FAULTS as exc:
             self.degrade(exc)
             return None
-        if tensors is None:
-            return None
+
+    def _read_local(self, names: list[str], key: str):
+        tensors = self._kept(key, lambda store: store.get_tensors(key))
+        if tensors is None or key in self._memory:
+            return tensors
         return tensors_to_trajectory(tensors, names)
 
     def get(self, spec: OpSpec, case: Case, first_inputs: dict | None = None) -> Golden:
@@ -346,13 +351,7 @@ class GoldenResolver:
         kept in the store entry's meta; None when not kept yet."""
         if key in self._memory:
             return self._memory[key]
-        if self.store is None:
-            return None
-        try:
-            entry = self.store.entry(key)
-        except STORE_FAULTS as exc:
-            self.degrade(exc)
-            return None
+        entry = self._kept(key, lambda store: store.entry(key))
         return None if entry is None else entry.meta.get("figures")
 
     def keep_figures(self, key: str, base_key: str, kind: str, spec: OpSpec, case: Case,

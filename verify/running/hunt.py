@@ -40,6 +40,7 @@ import math
 import os
 import sys
 import tempfile
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -337,9 +338,7 @@ class Space:
         return _replace(c, dtype=str(rng.choice(self.dtypes)))
 
 
-def _replace(c: Candidate, **changes) -> Candidate:
-    from dataclasses import replace
-    return replace(c, **changes)
+_replace = dataclasses.replace
 
 
 @dataclass
