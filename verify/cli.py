@@ -166,7 +166,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="processes judging the records (a number or 'auto'); default "
                             "one, this process: a recorded output runs no kernel code, so "
                             "there is nothing to isolate; 2 or more: pytest-xdist workers")
-    judge.set_defaults(cases=None, backend=[], level="all", benchmark_backend=None, time=0)
+    judge.set_defaults(cases=None, backend=[], level="all", benchmark_backend=None, time=0,
+                       shrink=False)  # a recorded output has no input to shrink
 
     ls = sub.add_parser("ops", help="list the registered ops; with OP, its call signature")
     ls.add_argument("op", nargs="*", help="show these ops in full: inputs, params, outputs, "
