@@ -2,6 +2,7 @@
 (verify/golden/floors.py): compare with a known floor gives the figures of compare's own
 floor bit for bit; a warm run reads them, computes none and writes the same rows; gc
 keeps them with their golden; the audit recomputes them and catches a tampered one."""
+import dataclasses
 import json
 import math
 from dataclasses import asdict
@@ -89,3 +90,69 @@ def test_gc_keeps_the_floors_and_the_audit_recomputes_them(tmp_path):
     store.put_tensors(first.key, {"figures": torch.zeros(1)}, meta)
     finding = audit.audit_entry(store, first.key)
     assert finding.status == audit.DIFFERS and "differ" in finding.detail, finding
+
+
+def _floor_entries(store_dir):
+    return [e for e in GoldenStore(store_dir).entries(derived=True)
+            if (e.meta.get("derived") or {}).get("kind") == floors.KIND]
+
+
+def test_floors_travel_through_the_registry_and_a_forged_one_is_disputed(tmp_path,
+                                                                          monkeypatch):
+    """Machine a computes the goldens and their floors and pushes both; machine b fetches
+    both and computes neither floor; floors forged by a writer are caught by a client that
+    recomputes what it fetches, disputed, and its rows are the honest ones."""
+    from helpers import Service
+    import httpx
+    from verify.golden.registry_client import DISPUTED_HEADER
+    ops, skip = ["softmax"], {"golden_source", "golden_s", "kernel_s", "backward_s", "worker",
+                              "warning"}
+    key = lambda r: (r["case_id"], r["kernel"], r["output"])  # noqa: E731
+    svc = Service(tmp_path / "served", token="t0ken")
+    forged_svc = Service(tmp_path / "forged", token="t0ken")
+    try:
+        monkeypatch.setenv("VERIFY_REGISTRY_TOKEN", "t0ken")
+        a = verify.run(level="L0", ops=ops, backends=["torch"], store=tmp_path / "a",
+                       registry=svc.url, reports=False)
+        pushed = _floor_entries(tmp_path / "served")
+        assert pushed and {e.key for e in pushed} == {e.key for e in _floor_entries(
+            tmp_path / "a")}
+        assert httpx.get(f"{svc.url}/v1/stats").json()["goldens"] == len(
+            GoldenStore(tmp_path / "a").entries())  # the floors are not counted as goldens
+        real_floor = floors.output_floor  # a writer whose output floors are wrong
+        monkeypatch.setattr(floors, "output_floor", lambda *x, **k: (lambda kf: kf and type(kf)(
+            dataclasses.replace(kf.metrics, mere=kf.metrics.mere * 3 + 1e-3), kf.histogram))(
+            real_floor(*x, **k)))
+        verify.run(level="L0", ops=ops, backends=["torch"], store=tmp_path / "f",
+                   registry=forged_svc.url, reports=False)
+        monkeypatch.setattr(floors, "output_floor", real_floor)
+        monkeypatch.delenv("VERIFY_REGISTRY_TOKEN")
+        calls = []
+        real_compare = floors.compare
+        monkeypatch.setattr(floors, "output_floor", lambda *x, **k: calls.append(1) or
+                            real_floor(*x, **k))
+        monkeypatch.setattr(floors, "compare", lambda *x, **k: calls.append(2) or
+                            real_compare(*x, **k))
+        b = verify.run(level="L0", ops=ops, backends=["torch"], store=tmp_path / "b",
+                       registry=svc.url, reports=False, verify_fetched=0)
+        assert calls == [] and {r["golden_source"] for r in b.rows} == {"registry"}
+        assert len(_floor_entries(tmp_path / "b")) == len(pushed)
+        rows_a, rows_b = {key(r): r for r in a.rows}, {key(r): r for r in b.rows}
+        assert rows_a.keys() == rows_b.keys()
+        for k in rows_a:
+            fields = (set(rows_a[k]) | set(rows_b[k])) - skip
+            assert all(_same(rows_a[k].get(f), rows_b[k].get(f)) for f in fields), k
+        c = verify.run(level="L0", ops=ops, backends=["torch"], store=tmp_path / "c",
+                       registry=forged_svc.url, reports=False, verify_fetched=1)
+        assert calls  # every fetched figure recomputed
+        assert any("floor figures" in w and "differ from a recomputation" in w
+                   for w in c.warnings), c.warnings
+        rows_c = {key(r): r for r in c.rows}
+        for k in rows_a:
+            assert _same(rows_a[k].get("floor_mere"), rows_c[k].get("floor_mere")), k
+        forged = _floor_entries(tmp_path / "forged")
+        assert any(httpx.get(f"{forged_svc.url}/v1/goldens/{e.key}").headers.get(
+            DISPUTED_HEADER) for e in forged)
+    finally:
+        svc.stop()
+        forged_svc.stop()

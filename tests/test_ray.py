@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from verify.golden.store import GoldenStore
+
 from helpers import REPO, run_cli
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
@@ -67,6 +69,12 @@ def test_ray_rows_equal_xdist_rows_and_each_golden_is_computed_once(tmp_path, cl
     info = doc["meta"]["ray"]
     distinct = {(r["op"], r["case_id"]) for r in doc["rows"] if r.get("golden_source")}
     assert info["golden_keys"] == info["goldens_computed"] == len(distinct), info
+    # each golden task computed the golden's floors too, kept beside it for the kernel tasks
+    assert {g["floors_source"] for g in info["golden_tasks"].values()} == {"computed"}, info
+    assert all(g["floors"] >= 2 for g in info["golden_tasks"].values()), info
+    kept = [e for e in GoldenStore(tmp_path / "store-r").entries(derived=True)
+            if (e.meta.get("derived") or {}).get("kind") == "floors"]
+    assert len(kept) == info["golden_keys"]
     assert {r.get("golden_source") for r in doc["rows"]} <= {"local", None}  # never computed
     assert all(r["worker"].startswith("ray:") and r["attempts"] == 1 for r in doc["rows"])
     assert any(k.startswith("node ray:") for k in doc["meta"]["environment"])
@@ -94,6 +102,9 @@ def test_goldens_travel_through_the_registry_between_stores(tmp_path, cluster):
     assert first["goldens_computed"] == first["golden_keys"] == len(keys) >= 2, first
     assert {g["source"] for g in second["golden_tasks"].values()} == {"registry"}, second
     assert set(second["golden_tasks"]) == set(keys)
+    # the first run's golden tasks pushed the floors too: the second run computed none
+    assert {g["floors_source"] for g in first["golden_tasks"].values()} == {"computed"}
+    assert {g["floors_source"] for g in second["golden_tasks"].values()} == {"registry"}
 
 
 DEVICE_KERNELS = '''

@@ -53,6 +53,13 @@ def _metrics(d: dict) -> Metrics:
     return Metrics(**{k: _float(v) for k, v in d.items()})
 
 
+def _output_figures(known: KnownFloor | None) -> dict | None:
+    """An output floor as kept (JSON: the metrics and the histogram)."""
+    if known is None:
+        return None
+    return _jsonable({"metrics": known.metrics.as_dict(), "histogram": known.histogram})
+
+
 class FloorBook:
     """One case's floor figures: read from the store entry beside its golden, computed
     where missing, written back once (``save``) when anything new was computed."""
@@ -62,26 +69,45 @@ class FloorBook:
         self.base = case.golden_key(spec.golden_version)
         self.key = store_key(self.base)
         self._figures: dict | None = None
-        self._new = False
+        self._new = self._check = False
+        self.source = ""  # where the figures came from: local, registry, computed (any new)
 
     def _book(self) -> dict:
         if self._figures is None:
-            self._figures = dict(self.resolver.figures(self.key) or {})
+            self._figures = dict(self.resolver.figures(self.key, self.spec, self.inputs) or {})
+            # figures another machine pushed to the registry: a share is recomputed here
+            fetched = self.key in getattr(self.resolver, "fetched_figures", ())
+            self._check = fetched and self.resolver.check_figures(self.key)
+            self.source = "registry" if fetched else "local" if self._figures else ""
         return self._figures
+
+    def _kept(self, sub: str, fresh) -> dict | None:
+        """The kept figures of ``sub``; when they came from the registry and are checked
+        here, ``fresh()`` (this machine's, as kept) must give the same, else the registry's
+        entry is disputed and this machine's figures serve."""
+        kept = self._book().get(sub)
+        if kept is None or not self._check:
+            return kept
+        mine = fresh()
+        if mine != kept:
+            differ = sorted(k for k in set(mine) | set(kept) if mine.get(k) != kept.get(k))
+            self.resolver.dispute_figures(self.key, f"{sub}: {', '.join(differ)} differ")
+            self._figures = {sub: mine}
+            self._check, self._new, self.source = False, True, "computed"
+            return mine
+        return kept
 
     def output_floor(self, out_name: str, step: int, golden: torch.Tensor, out_dtype,
                      std: dict) -> KnownFloor | None:
         """The output floor of one output and step (as compare's own, bit for bit)."""
         sub = f"out|{out_name}|{step}|{dt.name_of(out_dtype)}|{_std_text(std)}"
-        book = self._book()
-        kept = book.get(sub)
+        kept = self._kept(sub, lambda: _output_figures(output_floor(golden, out_dtype, std)))
         if kept is not None:
             return KnownFloor(_metrics(kept["metrics"]), kept.get("histogram"))
         known = output_floor(golden, out_dtype, std)
         if known is not None:
-            book[sub] = _jsonable({"metrics": known.metrics.as_dict(),
-                                   "histogram": known.histogram})
-            self._new = True
+            self._book()[sub] = _output_figures(known)
+            self._new, self.source = True, "computed"
         return known
 
     def compute_floor(self, out_name: str, step: int, floor_tensor, golden: torch.Tensor,
@@ -90,25 +116,29 @@ class FloorBook:
         and reason: what the row needs); ``floor_tensor()`` gives the floor's output,
         asked for only when the figures are not known yet."""
         sub = f"cfloor|{out_name}|{step}|{dt.name_of(out_dtype)}|{_std_text(std)}"
-        book = self._book()
-        kept = book.get(sub)
-        if kept is not None:
-            if kept.get("none"):
-                return None
-            return Verdict(kept["verdict"], kept["standard"], kept["reason"], "",
-                           kept["dtype"], _metrics(kept["metrics"]), None,
-                           float(_float(kept["margin"])))
-        f = floor_tensor()
-        if f is None:
-            book[sub] = {"none": True}
-            self._new = True
+
+        def fresh() -> dict:
+            f = floor_tensor()
+            if f is None:
+                return {"none": True}
+            v = compare(f, golden, dtype=out_dtype, standard=std, floor=False, plots=False)
+            return _jsonable({"verdict": v.verdict, "standard": v.standard,
+                              "reason": v.reason, "dtype": v.dtype,
+                              "metrics": v.metrics.as_dict(), "margin": v.margin})
+
+        kept = self._kept(sub, fresh)
+        if kept is None:
+            kept = self._book()[sub] = fresh()
+            self._new, self.source = True, "computed"
+        if kept.get("none"):
             return None
-        v = compare(f, golden, dtype=out_dtype, standard=std, floor=False, plots=False)
-        book[sub] = _jsonable({"verdict": v.verdict, "standard": v.standard,
-                               "reason": v.reason, "dtype": v.dtype,
-                               "metrics": v.metrics.as_dict(), "margin": v.margin})
-        self._new = True
-        return v
+        return Verdict(kept["verdict"], kept["standard"], kept["reason"], "",
+                       kept["dtype"], _metrics(kept["metrics"]), None,
+                       float(_float(kept["margin"])))
+
+    def size(self) -> int:
+        """How many figures the book holds (output floors and compute floors)."""
+        return len(self._book())
 
     def save(self) -> None:
         """Keep what was computed beside the golden (once per case: one small entry)."""

@@ -79,14 +79,19 @@ class Records:
 def record_problem(key: str, meta: dict) -> str:
     """Why the registry refuses a blob's record ('' when it takes it): for an op declared
     here, the key must be the one the case record gives under the op's current golden
-    version, and the record's inputs fingerprint the one its case's inputs give (checked
+    version (a floors entry's: that of its golden's floor figures), and the record's inputs fingerprint the one its case's inputs give (checked
     when the inputs are small enough to regenerate). An op this registry does not know is
     taken as it is: only clients can check it."""
     from verify.golden import audit
     from verify.specs import registry
     from verify.specs import inputs as inp
-    if meta.get("derived"):
-        return "derived entries (a compute-precision floor) are not shared through the registry"
+    from verify.golden import floors
+    derived = meta.get("derived")
+    if derived and (not isinstance(derived, dict) or derived.get("kind") != floors.KIND):
+        return ("derived entries other than a golden's floor figures (a compute-precision "
+                "floor's trajectory) are not shared through the registry")
+    if derived and not isinstance(meta.get("figures"), dict):
+        return "a floors entry must carry its figures (meta 'figures', an object)"
     try:
         spec = registry.op(meta.get("op", ""))
     except Exception:
@@ -96,7 +101,12 @@ def record_problem(key: str, meta: dict) -> str:
     except (KeyError, TypeError, ValueError) as exc:
         return f"no usable record of its case: {exc}"
     want = case.golden_key(spec.golden_version)
-    if want != key:
+    if derived:  # the floors of the case's golden, under the key they are kept by
+        if derived.get("of") != want or floors.store_key(want) != key:
+            return (f"the record does not give this key as the floor figures of its case's "
+                    f"golden under op '{spec.name}''s current golden version "
+                    f"{spec.golden_version}")
+    elif want != key:
         return (f"the record does not give this key under op '{spec.name}''s current golden "
                 f"version {spec.golden_version} (another version, or another case)")
     sha = meta.get("inputs_sha")

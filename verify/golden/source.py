@@ -158,6 +158,8 @@ class GoldenResolver:
         self._checked_groups: set[tuple[str, str]] = set()
         self._disputed: dict[str, str] = {}
         self.fetched_checks = {"verified": 0, "seconds": 0.0, "disputed": 0}
+        self.fetched_figures: set[str] = set()  # floor figures this process fetched
+        self.disputed_figures: set[str] = set()
 
     def designate(self, cases) -> None:
         """From the run's plan: for each op and dtype, the key of its cheapest case
@@ -221,6 +223,22 @@ class GoldenResolver:
             notices.warn(f"reporting the disputed golden {key[:12]}: {exc}")
         raise GoldenDisputed(text)
 
+    def _fetch(self, key: str, expect: dict) -> bool:
+        """Stream ``key`` from the registry into the local store: False when there is no
+        registry or writable store, the registry lacks it, refuses it or is down, or the
+        blob fails its hash or does not carry ``expect`` (then it is computed here)."""
+        if self.client is None or self.store is None or self.store.readonly:
+            return False
+        try:
+            return self.client.fetch(key, self.store, expect=expect)
+        except RegistryUnavailable as exc:
+            self._registry_down(exc)
+        except ValueError as exc:  # a hash or provenance mismatch: compute instead
+            notices.warn(f"golden {key[:12]} from the registry was rejected: {exc}")
+        except STORE_FAULTS as exc:
+            self.degrade(exc)
+        return False
+
     def _registry_down(self, exc: Exception) -> None:
         if self.required:
             raise RegistryUnavailable(f"golden registry required but unavailable: {exc}")
@@ -276,21 +294,12 @@ class GoldenResolver:
             traj, seconds = self._compute(spec, case, first_inputs)
             self._remember(key, traj)
             return Golden(traj, COMPUTED, seconds, key, names)
-        if self.client is not None and self.store is not None:
-            try:
-                if self.client.fetch(key, self.store, expect=provenance):
-                    traj = self._read_local(names, key)
-                    if traj is not None:
-                        if self._should_verify(spec, case, key):
-                            self._check_fetched(spec, case, key, names, traj, first_inputs,
-                                                provenance)
-                        return Golden(traj, REGISTRY, time.perf_counter() - t0, key, names)
-            except RegistryUnavailable as exc:
-                self._registry_down(exc)
-            except ValueError as exc:  # a hash or provenance mismatch: compute instead
-                notices.warn(f"golden {key[:12]} from the registry was rejected: {exc}")
-            except STORE_FAULTS as exc:
-                self.degrade(exc)
+        if self._fetch(key, provenance):
+            traj = self._read_local(names, key)
+            if traj is not None:
+                if self._should_verify(spec, case, key):
+                    self._check_fetched(spec, case, key, names, traj, first_inputs, provenance)
+                return Golden(traj, REGISTRY, time.perf_counter() - t0, key, names)
         if self.store is not None:
             try:
                 with self.store.lock(key):
@@ -346,13 +355,46 @@ class GoldenResolver:
         self._remember(key, traj)
         return traj
 
-    def figures(self, key: str) -> dict | None:
+    def figures(self, key: str, spec: OpSpec | None = None,
+                first_inputs: dict | None = None) -> dict | None:
         """Small figures derived from a golden (its floors: verify/golden/floors.py),
-        kept in the store entry's meta; None when not kept yet."""
+        kept in the store entry's meta, else (given the case's spec and inputs, whose
+        provenance they must carry) fetched from the registry, the key then in
+        ``fetched_figures``; None when kept nowhere yet."""
         if key in self._memory:
             return self._memory[key]
-        entry = self._kept(key, lambda store: store.entry(key))
+        read = lambda store: store.entry(key)  # noqa: E731
+        entry = self._kept(key, read)
+        if entry is None and spec is not None and first_inputs is not None \
+                and self.client is not None and key not in self.disputed_figures \
+                and self._fetch(key, _provenance(spec, first_inputs)):
+            entry = self._kept(key, read)
+            if entry is not None:
+                self.fetched_figures.add(key)
         return None if entry is None else entry.meta.get("figures")
+
+    def check_figures(self, key: str) -> bool:
+        """Whether floor figures fetched under ``key`` are recomputed here: the share
+        ``verify_fetched`` of them, chosen by key (the same choice on every machine)."""
+        f = self.verify_fetched
+        return f >= 1 or (f > 0 and int(key[:8], 16) / 16 ** 8 < f)
+
+    def dispute_figures(self, key: str, problem: str) -> None:
+        """Fetched floor figures differ from this machine's: disputed at the registry (so
+        every client computes its own until an admin resolves it), dropped here."""
+        notices.warn(f"the registry's floor figures {key[:12]} differ from a recomputation: "
+                     f"{problem} (disputed at the registry; computed here instead)")
+        self.fetched_figures.discard(key)
+        self.disputed_figures.add(key)
+        if self.store is not None:
+            try:
+                self.store.remove(key, drop_blob=True)
+            except STORE_FAULTS as exc:
+                self.degrade(exc)
+        try:
+            self.client.dispute(key, f"{problem} (recomputed by a client)")
+        except RegistryUnavailable as exc:
+            notices.warn(f"reporting the disputed floor figures {key[:12]}: {exc}")
 
     def keep_figures(self, key: str, base_key: str, kind: str, spec: OpSpec, case: Case,
                      first_inputs: dict, figures: dict) -> None:
@@ -368,6 +410,9 @@ class GoldenResolver:
                 self.store.put_tensors(key, {"figures": torch.zeros(1)}, meta)
         except STORE_FAULTS as exc:
             self.degrade(exc)
+            return
+        if key not in self.disputed_figures:  # shared, so other machines compute none
+            self._push(key, quiet_conflict=True)
 
     @staticmethod
     def _compute(spec, case, first_inputs):
@@ -388,8 +433,10 @@ class GoldenResolver:
         while len(self._memory) > MEMORY_GOLDENS:
             self._memory.pop(next(iter(self._memory)))
 
-    def _push(self, key: str) -> bool:
-        """Push a stored golden when a write token is set; True when the registry took it."""
+    def _push(self, key: str, quiet_conflict: bool = False) -> bool:
+        """Push a stored golden when a write token is set; True when the registry took it.
+        ``quiet_conflict``: the registry holding other content (409) is no warning (floor
+        figures completed here after another machine pushed the first of them)."""
         if self.client is None or not self.client.token or self.store is None:
             return False
         if getattr(self, "_push_refused", False):
@@ -402,7 +449,7 @@ class GoldenResolver:
                              f"token (HTTP {status}): check VERIFY_REGISTRY_TOKEN (the "
                              f"service's write token; a read token cannot push); goldens of "
                              f"this run stay in the local store")
-            elif status not in (200, 201):
+            elif status not in (200, 201) and not (quiet_conflict and status == 409):
                 notices.warn(f"pushing golden {key[:12]} to the registry: HTTP {status}")
             return status in (200, 201)
         except RegistryUnavailable as exc:

@@ -352,6 +352,9 @@ class _Run:
         meet the same error (or compute the golden themselves) and make it their rows."""
         if "error" in result:
             self.warnings.setdefault(f"golden task for {key[:12]} failed: {result['error']}")
+        elif "floors_error" in result:  # its kernel tasks compute the floors themselves
+            self.warnings.setdefault(f"golden task for {key[:12]} kept no floors: "
+                                     f"{result['floors_error']}")
         self.golden_results[key] = result
         for i in self.by_key[key]:
             self._submit_kernel(i)
@@ -469,7 +472,8 @@ class _Run:
                 "nodes_alive_at_end": sum(1 for n in nodes if n.get("Alive")),
                 "golden_keys": len(self.keys), "goldens_computed": computed,
                 "golden_tasks": {k: {**{f: v for f, v in g.items() if f in
-                                        ("source", "seconds", "error", "pushed")},
+                                        ("source", "seconds", "error", "pushed", "floors",
+                                         "floors_source", "floors_s", "floors_error")},
                                      "worker": g.get("place", {}).get("worker")}
                                  for k, g in self.golden_results.items()},
                 "kernel_tasks": len(times), "resubmitted": self.retried,

@@ -147,6 +147,17 @@ def golden_task(ctx: NodeContext, case, key: str, clock, token: str) -> dict:
         pushed = golden.source == golden_source.LOCAL and resolver.publish(key)
         out = {"key": key, "source": golden.source, "seconds": golden.seconds,
                "pushed": pushed}
+        # both floors of the golden too, kept and shared beside it: no kernel task
+        # computes them (a failure here costs the kernel tasks the work, not the run)
+        t0 = time.perf_counter()
+        try:
+            from verify.running import runner
+            book = runner.keep_floors(case, resolver)
+            if book is not None:
+                out.update(floors=book.size(), floors_source=book.source)
+        except Exception as exc:
+            out["floors_error"] = f"{type(exc).__name__}: {exc}"
+        out["floors_s"] = round(time.perf_counter() - t0, 6)
     except Exception as exc:
         from verify.golden.registry_client import RegistryUnavailable
         kind = "registry" if isinstance(exc, RegistryUnavailable) else "golden"

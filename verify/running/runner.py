@@ -820,17 +820,54 @@ def _order_hint(spec, case, out_name, actual, g_step) -> str:
     return ""
 
 
-def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_inputs,
-                  alt: Alternatives | None = None, floors: ComputeFloor | None = None,
-                  kern: registry.Kernel | None = None, book: FloorBook | None = None):
+def _judging(spec, case: Case, out_name: str, out_dtype) -> tuple[dict, int, str]:
+    """How an output is judged: its standard (tolerances widened for a reduction of
+    many terms), the number of terms, and how it compares ('values', 'topk_set', ...)."""
     std = resolve_standard(case.standard or spec.standard, out_name)
     n_terms, k = reduction_scale(spec, case, out_name, out_dtype)
     if k > 1.0 and "scale" not in std:
         std["scale"] = k
+    is_grad = out_name not in spec.golden_output_names
+    return std, n_terms, "values" if is_grad else spec.output(out_name).compare
+
+
+def keep_floors(case: Case, resolver) -> FloorBook | None:
+    """Both floors of every output and step of a case's golden, computed into the
+    FloorBook beside it (kept in the store, pushed to the registry): what a cluster
+    run's golden task does, so that no kernel task computes a floor. The book (its size
+    and where its figures came from); None for a case without floors."""
+    spec = registry.op(case.op)
+    if case.expect_error or case.source is not None:
+        return None
+    first_inputs = inp.make_inputs(case)
+    golden = resolver.get(spec, case, first_inputs)
+    g_steps = [golden.step(s) for s in range(len(golden.trajectory))]
+    names = (spec.active_outputs(case.params) if case.forward else []) + \
+        (golden_source.grad_names(spec, case) if case.backward else [])
+    floors = ComputeFloor(spec, case, first_inputs, resolver)
+    book = FloorBook(resolver, spec, case, first_inputs)
+    for out_name in names:
+        out_dtype = spec.output_dtype(out_name, case.dtype, case.params)
+        std, _, compare_how = _judging(spec, case, out_name, out_dtype)
+        if compare_how == "topk_set":
+            continue
+        for s, g_out in enumerate(g_steps):
+            if out_name not in g_out:
+                continue
+            book.output_floor(out_name, s, g_out[out_name], out_dtype, std)
+            if compare_how == "values" and out_dtype.is_floating_point:
+                book.compute_floor(out_name, s, lambda s=s, n=out_name: floors.step(s, n),
+                                   g_out[out_name], out_dtype, std)
+    book.save()
+    return book
+
+
+def _judge_output(row, spec, case, out_name, out_dtype, k_steps, g_steps, last_inputs,
+                  alt: Alternatives | None = None, floors: ComputeFloor | None = None,
+                  kern: registry.Kernel | None = None, book: FloorBook | None = None):
+    std, n_terms, compare_how = _judging(spec, case, out_name, out_dtype)
     if n_terms > 1:
         row.update(reduction_n=n_terms, tol_scale=float(std.get("scale", 1.0)))
-    is_grad = out_name not in spec.golden_output_names
-    compare_how = "values" if is_grad else spec.output(out_name).compare
     per_step, verdicts = [], []
     for s, (k_out, g_out) in enumerate(zip(k_steps, g_steps)):
         actual, golden = k_out[out_name], g_out[out_name]
