@@ -209,10 +209,48 @@ def test_histogram_bins_hold_at_their_edges():
     n_bins = len(plotdata.EDGES) - 1
     want = {"counts": want[:n_bins].tolist(), "zero": int(want[n_bins]),
             "under": int(want[n_bins + 1]), "over": int(want[n_bins + 2])}
-    # float64 actual: the pass bins by a polynomial and flags what lies near an edge;
-    # every value here is near one, and each must still land in log10's bin
+    # float64 actual: the pass bins by a table of exponent and top significand bits and
+    # bins exactly what falls in a cell at an edge; every value here is near one, and
+    # each must still land in log10's bin
     got = metrics.measure_all(torch.from_numpy(a), torch.from_numpy(g), torch.float64)[2]
     assert got["actual"] == want
+
+
+def test_log_uniform_errors_over_every_bin_land_in_log10_s_bins():
+    """Relative errors spread evenly in log10 from 1e-14 to 1e5 (every bin, every table
+    cell between, under and over): the pass's histogram is the torch one, for the kernel
+    and for the floor, whatever the output dtype."""
+    gen = torch.Generator().manual_seed(6)
+    n = 400_000
+    g = torch.randn(n, generator=gen, dtype=torch.float64)
+    rel = 10.0 ** (torch.rand(n, generator=gen, dtype=torch.float64) * 19 - 14)
+    sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0).to(torch.float64)
+    a64 = g + sign * rel * (g.abs() + 1e-7)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        from verify.comparator import plotdata
+        a = a64.to(dtype)
+        assert plotdata.histogram(a, g, dtype) == _histogram_by_torch(a, g, dtype), dtype
+
+
+def test_metrics_are_the_same_with_or_without_plot_data():
+    """The block pass is compiled with each set of per-element errors kept (none, the
+    relative errors, both): the metrics and the floor's figures agree to the last bit."""
+    from dataclasses import asdict
+
+    from verify.comparator import metrics
+    gen = torch.Generator().manual_seed(8)
+    for shape, dtype in (((3, 70001), torch.float32), ((257, 513), torch.bfloat16),
+                         ((65537,), torch.float16)):
+        g = torch.randn(shape, generator=gen, dtype=torch.float64)
+        g.view(-1)[::101], g.view(-1)[3::211] = float("nan"), float("inf")
+        a = (g * (1 + 1e-3 * torch.randn(shape, generator=gen, dtype=torch.float64))).to(dtype)
+        plain = metrics.measure_pair(a, g, floor=True)
+        for heat in (None, "rel", "tol"):
+            full = metrics.measure_all(a, g, floor=True, hist=True, heat=heat)
+            for x, y in ((plain[0], full.metrics), (plain[1], full.floor)):
+                dx, dy = asdict(x), asdict(y)
+                assert all(dx[k] == dy[k] or (dx[k] != dx[k] and dy[k] != dy[k]) for k in dx), \
+                    (shape, dtype, heat)
 
 
 def test_every_float_output_gets_its_histogram_from_the_metrics_pass():

@@ -6,7 +6,8 @@ parallel, and the per-block partial results are combined in block order. Fixed b
 the figures independent of thread count and chunking, and nothing of tensor size is
 allocated beyond one chunk of the upcast actual. The report's plot data comes from the
 same pass: each element's errors are kept while its block is in cache, for the histogram
-(binned without a logarithm) and the heat map (cell maxima).
+(binned by a table of exponent and top significand bits, no logarithm) and the heat map
+(cell maxima).
 
 Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
 - mere / mare: mean / max of d / (|g| + 1e-7) (CANN v1)
@@ -107,150 +108,156 @@ def _bits_f64(typingctx, x):
     return sig, codegen
 
 
-# log2(m) for m in [1, 2) as a polynomial in m - 1.5 (least squares on Chebyshev nodes,
-# largest error 1.44e-5): the histogram bin of an element without a logarithm or a table
-# lookup, so that the metrics loop still vectorises
-_L2 = (0.5849504981408198, 0.9618212283041843, -0.3197490950887364, 0.14171815887698785,
-       -0.08001087690681154, 0.04392862784792255)
-_L2_0, _L2_1, _L2_2, _L2_3, _L2_4, _L2_5 = _L2
-_BIN_SCALE = BINS_PER_DECADE * math.log10(2.0)  # bins per octave
-_BIN_SHIFT = -BIN_LO * BINS_PER_DECADE
-# an element whose approximate bin position lies this close to an edge is flagged and
-# binned exactly (by the tables) when counted: 7x the polynomial's error in bins
-_NEAR_EDGE = 1e-4
-FLAG = 0x80  # in a code: bin this element exactly
+FLAG = 0xFF  # a table cell that holds a bin edge: its elements are binned exactly
 ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
+CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells, 512 KiB, of
+# which a block touches the few lines its errors fall in
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
-    """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out, and each
-    element's relative error d / (|g| + 1e-7) and allclose's d / (atol + rtol |g|) into
-    rels and tols [0:hi-lo], for the histogram and the heat map (one function, compiled
-    once: the two stores cost little beside the metrics)."""
-    eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
-    small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
-    mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
-    v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
-    abs_rtol, thou_atol, eps_abs = c[C_ABS_RTOL], c[C_THOU_ATOL], c[C_EPS_ABS]
-    n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
-    n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
-    ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
-    shrink = grow = eb_gt = eb_lt = m_g = 0.0
-    for j in range(lo, hi):
-        i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
-        ab = np.int64(abits[i])
-        gb = gbits[i]
-        # masks as 0.0 / 1.0 and selects only: no branch, so the loop vectorises
-        a_spec = 1.0 if (ab & aexp) == aexp else 0.0
-        g_spec = 1.0 if (gb & _F64_EXP) == _F64_EXP else 0.0
-        a_nan = a_spec * (1.0 if (ab & aman) != 0 else 0.0)
-        g_nan = g_spec * (1.0 if (gb & _F64_MAN) != 0 else 0.0)
-        same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
-        eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
-        f = (1.0 - a_spec) * (1.0 - g_spec)
-        same += eq_special
-        bad += 1.0 - f - eq_special
-        a_raw = np.float64(a[i])
-        g_raw = g[i]
-        av = a_raw if f > 0.5 else 0.0
-        gv = g_raw if f > 0.5 else 0.0
-        n += f
-        diff = av - gv
-        d = abs(diff)
-        ag = abs(gv)
-        s_sq += d * d
-        dot += av * gv
-        aa += av * av
-        gg += gv * gv
-        n_gt += 1.0 if av > gv else 0.0
-        n_lt += 1.0 if av < gv else 0.0
-        # msprobe's error balance against the golden cast to float32 (its NumPy dtype
-        # for fp32 and bf16 outputs), for finite pairs; a block with any NaN / Inf pair
-        # or a golden beyond float32's range is counted again exactly (_eb_range)
-        cast = np.float64(np.float32(gv))
-        eb_gt += f * (1.0 if av > cast else 0.0)
-        eb_lt += f * (1.0 if av < cast else 0.0)
-        m_g = _fmax(m_g, ag)
-        a_mag = abs(av)
-        shrink += 1.0 if a_mag < ag else 0.0
-        grow += 1.0 if a_mag > ag else 0.0
-        inv_ag = 1.0 / _fmax(ag, 1e-300)
-        s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
-        m_abs = _fmax(m_abs, d)
-        rel = d / (ag + eps_cann)
-        s_rel += rel
-        m_rel = _fmax(m_rel, rel)
-        g_pos = 1.0 if ag > 0.0 else 0.0
-        m_pr = _fmax(m_pr, d * inv_ag * g_pos)
-        zero_bad += (1.0 - g_pos) * (1.0 if d > 0.0 else 0.0)
-        # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
-        e_field = (gb >> 52) & 0x7FF
-        e_field = e_field if e_field > min_field else min_field
-        scale_field = 2046 + mant - e_field
-        scale_field = scale_field if scale_field < 2046 else 2046
-        ulp = d * _as_float(scale_field << 52)
-        m_ulp = _fmax(m_ulp, ulp)
-        s_ulp += ulp
-        n_u1 += 1.0 if ulp > 1.0 else 0.0
-        n_u32 += 1.0 if ulp > 32.0 else 0.0
-        sm = f * (1.0 if ag <= small else 0.0)
-        within_atol = 1.0 if d <= small_atol else 0.0
-        n_small += sm
-        n_small_bad += sm * (1.0 - within_atol)
-        denom = ag + eps_ms
-        big = f - sm
-        within_thou = 1.0 if d <= thou_atol else 0.0
-        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
-        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
-        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
-        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
-        n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
-        allowed = atol + rtol * ag
-        n_case += f * (1.0 if d <= allowed else 0.0)
-        tol = d / _fmax(allowed, 1e-300)  # allclose's measure d / (atol + rtol |g|)
-        m_tol = _fmax(m_tol, tol)
-        # per element, for the histogram and the heat map: the same NaN / Inf in the same
-        # place is no error (0), any other non-finite pair the largest (1e300), as is any
-        # error beyond it
-        special = 0.0 if eq_special > 0.5 else 1e300
-        rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
-        tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
-    out[N] = n
-    out[NONFINITE_BAD] = bad
-    out[SPECIAL_EQ] = same
-    out[SUM_REL] = s_rel
-    out[MAX_REL_CANN] = m_rel
-    out[MAX_ABS] = m_abs
-    out[SUM_SQ] = s_sq
-    out[DOT] = dot
-    out[AA] = aa
-    out[GG] = gg
-    out[N_GT] = n_gt
-    out[N_LT] = n_lt
-    out[SUM_EB] = s_eb
-    out[MAX_ULP] = m_ulp
-    out[SUM_ULP] = s_ulp
-    out[N_ULP1] = n_u1
-    out[N_ULP32] = n_u32
-    out[N_SMALL] = n_small
-    out[N_SMALL_BAD] = n_small_bad
-    out[N_OK_1E2] = ok2
-    out[N_OK_1E3] = ok3
-    out[N_OK_1E4] = ok4
-    out[N_REL_BAD] = n_rel_bad
-    out[N_V2] = n_v2
-    out[N_CASE] = n_case
-    out[MAX_REL] = m_pr
-    out[N_ZERO_G_BAD] = zero_bad
-    out[MAX_TOL] = m_tol
-    out[N_SHRINK] = shrink
-    out[N_GROW] = grow
-    out[EB_GT] = eb_gt
-    out[EB_LT] = eb_lt
-    out[MAX_G] = m_g
-    out[ARG_ABS] = -1.0
-    out[ARG_REL] = -1.0
+def _make_block(keep_rels: bool, keep_tols: bool):
+    """The block pass, compiled once per set of per-element errors kept for the plot data:
+    both (a heat map of allclose's measure beside the histogram), the relative errors
+    alone (the histogram and its heat map), none (metrics alone): each store of a
+    block's errors was a tenth of its time."""
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+    def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+        """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out, and
+        each element's relative error d / (|g| + 1e-7) (``keep_rels``) and allclose's
+        d / (atol + rtol |g|) (``keep_tols``) into rels and tols [0:hi-lo], for the
+        histogram and the heat map."""
+        eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
+        small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
+        mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
+        v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
+        abs_rtol, thou_atol, eps_abs = c[C_ABS_RTOL], c[C_THOU_ATOL], c[C_EPS_ABS]
+        n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
+        n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
+        ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
+        shrink = grow = eb_gt = eb_lt = m_g = 0.0
+        for j in range(lo, hi):
+            i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
+            ab = np.int64(abits[i])
+            gb = gbits[i]
+            # masks as 0.0 / 1.0 and selects only: no branch, so the loop vectorises
+            a_spec = 1.0 if (ab & aexp) == aexp else 0.0
+            g_spec = 1.0 if (gb & _F64_EXP) == _F64_EXP else 0.0
+            a_nan = a_spec * (1.0 if (ab & aman) != 0 else 0.0)
+            g_nan = g_spec * (1.0 if (gb & _F64_MAN) != 0 else 0.0)
+            same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
+            eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
+            f = (1.0 - a_spec) * (1.0 - g_spec)
+            same += eq_special
+            bad += 1.0 - f - eq_special
+            a_raw = np.float64(a[i])
+            g_raw = g[i]
+            av = a_raw if f > 0.5 else 0.0
+            gv = g_raw if f > 0.5 else 0.0
+            n += f
+            diff = av - gv
+            d = abs(diff)
+            ag = abs(gv)
+            s_sq += d * d
+            dot += av * gv
+            aa += av * av
+            gg += gv * gv
+            n_gt += 1.0 if av > gv else 0.0
+            n_lt += 1.0 if av < gv else 0.0
+            # msprobe's error balance against the golden cast to float32 (its NumPy dtype
+            # for fp32 and bf16 outputs), for finite pairs; a block with any NaN / Inf pair
+            # or a golden beyond float32's range is counted again exactly (_eb_range)
+            cast = np.float64(np.float32(gv))
+            eb_gt += f * (1.0 if av > cast else 0.0)
+            eb_lt += f * (1.0 if av < cast else 0.0)
+            m_g = _fmax(m_g, ag)
+            a_mag = abs(av)
+            shrink += 1.0 if a_mag < ag else 0.0
+            grow += 1.0 if a_mag > ag else 0.0
+            inv_ag = 1.0 / _fmax(ag, 1e-300)
+            s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
+            m_abs = _fmax(m_abs, d)
+            rel = d / (ag + eps_cann)
+            s_rel += rel
+            m_rel = _fmax(m_rel, rel)
+            g_pos = 1.0 if ag > 0.0 else 0.0
+            m_pr = _fmax(m_pr, d * inv_ag * g_pos)
+            zero_bad += (1.0 - g_pos) * (1.0 if d > 0.0 else 0.0)
+            # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
+            e_field = (gb >> 52) & 0x7FF
+            e_field = e_field if e_field > min_field else min_field
+            scale_field = 2046 + mant - e_field
+            scale_field = scale_field if scale_field < 2046 else 2046
+            ulp = d * _as_float(scale_field << 52)
+            m_ulp = _fmax(m_ulp, ulp)
+            s_ulp += ulp
+            n_u1 += 1.0 if ulp > 1.0 else 0.0
+            n_u32 += 1.0 if ulp > 32.0 else 0.0
+            sm = f * (1.0 if ag <= small else 0.0)
+            within_atol = 1.0 if d <= small_atol else 0.0
+            n_small += sm
+            n_small_bad += sm * (1.0 - within_atol)
+            denom = ag + eps_ms
+            big = f - sm
+            within_thou = 1.0 if d <= thou_atol else 0.0
+            ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
+            ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
+            ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
+            n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
+            n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
+            allowed = atol + rtol * ag
+            n_case += f * (1.0 if d <= allowed else 0.0)
+            tol = d / _fmax(allowed, 1e-300)  # allclose's measure d / (atol + rtol |g|)
+            m_tol = _fmax(m_tol, tol)
+            # per element, for the histogram and the heat map: the same NaN / Inf in the same
+            # place is no error (0), any other non-finite pair the largest (1e300), as is any
+            # error beyond it
+            special = 0.0 if eq_special > 0.5 else 1e300
+            if keep_rels:  # constants of the closure: a variant without stores has none
+                rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
+            if keep_tols:
+                tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
+        out[N] = n
+        out[NONFINITE_BAD] = bad
+        out[SPECIAL_EQ] = same
+        out[SUM_REL] = s_rel
+        out[MAX_REL_CANN] = m_rel
+        out[MAX_ABS] = m_abs
+        out[SUM_SQ] = s_sq
+        out[DOT] = dot
+        out[AA] = aa
+        out[GG] = gg
+        out[N_GT] = n_gt
+        out[N_LT] = n_lt
+        out[SUM_EB] = s_eb
+        out[MAX_ULP] = m_ulp
+        out[SUM_ULP] = s_ulp
+        out[N_ULP1] = n_u1
+        out[N_ULP32] = n_u32
+        out[N_SMALL] = n_small
+        out[N_SMALL_BAD] = n_small_bad
+        out[N_OK_1E2] = ok2
+        out[N_OK_1E3] = ok3
+        out[N_OK_1E4] = ok4
+        out[N_REL_BAD] = n_rel_bad
+        out[N_V2] = n_v2
+        out[N_CASE] = n_case
+        out[MAX_REL] = m_pr
+        out[N_ZERO_G_BAD] = zero_bad
+        out[MAX_TOL] = m_tol
+        out[N_SHRINK] = shrink
+        out[N_GROW] = grow
+        out[EB_GT] = eb_gt
+        out[EB_LT] = eb_lt
+        out[MAX_G] = m_g
+        out[ARG_ABS] = -1.0
+        out[ARG_REL] = -1.0
+
+    return _block
+
+
+_block = _make_block(True, True)
+_block_rels = _make_block(True, False)
+_block_metrics = _make_block(False, False)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -305,30 +312,6 @@ def _flush_columns(colmax, starts, ends, cells):
             cells[w] = max(cells[w], colmax[col])
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _codes_of(rels, codes):
-    """The histogram code of each relative error (rels >= 0, finite): its position
-    y = (log10(rel) + 12) * 4 from the exponent and a polynomial in the significand,
-    no logarithm or table, so the loop vectorises; a code near a bin edge is flagged and
-    binned exactly when counted."""
-    for j in range(rels.shape[0]):
-        i = np.uint64(j)
-        rel = rels[i]
-        rb = _bits_f64(rel)
-        sig = _as_float((rb & _F64_MAN) | np.int64(0x3FF0000000000000)) - 1.5
-        l2 = (sig * (sig * (sig * (sig * (sig * _L2_5 + _L2_4) + _L2_3) + _L2_2) + _L2_1)
-              + _L2_0) + np.float64(((rb >> 52) & 0x7FF) - 1023)
-        # y + 1, held in [0.5, N_BINS + 1.5]: its integer part is the code (0 under,
-        # N_BINS + 1 over), and the clamped ends are no edge
-        y1 = l2 * _BIN_SCALE + (_BIN_SHIFT + 1.0)
-        y1 = y1 if y1 > 0.5 else 0.5
-        y1 = y1 if y1 < N_BINS_ + 1.5 else N_BINS_ + 1.5
-        k = np.int32(y1)
-        near = np.int32(FLAG) if abs(y1 - np.float64(k) - 0.5) > 0.5 - _NEAR_EDGE \
-            else np.int32(0)
-        codes[i] = np.uint8((k | near) if rel > 0.0 else np.int32(ZERO_CODE))
-
-
 _ROUND_MAGIC = 6755399441055744.0  # 1.5 * 2^52: adding and subtracting it rounds to an integer
 
 
@@ -357,10 +340,10 @@ def _round_range(g, gbits, lo, hi, rp, r):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _eb_range(x, g, gbits, lo, hi, rp, out):
+def _eb_range(x, g, gbits, lo, hi, rp, out, cast):
     """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
-    NumPy dtype (rounded on the fly by rp): out[0] += #(x > cast), out[1] += #(x < cast)."""
-    cast = np.empty(hi - lo)
+    NumPy dtype (rounded on the fly by rp into ``cast``, hi - lo long): out[0] +=
+    #(x > cast), out[1] += #(x < cast)."""
     _round_range(g, gbits, lo, hi, rp, cast)
     gt = lt = 0
     for j in range(hi - lo):
@@ -373,7 +356,7 @@ def _eb_range(x, g, gbits, lo, hi, rp, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, out):
+def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, out, cast):
     """The error balance counts of a block: the block pass's own (``counts``, against
     float32(g)) where msprobe's dtype is float32 and every pair is finite with the golden
     inside float32's range, else counted exactly here (_eb_range)."""
@@ -382,7 +365,7 @@ def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, out):
         out[0] += np.int64(counts[EB_GT])
         out[1] += np.int64(counts[EB_LT])
     else:
-        _eb_range(x, g, gbits, lo, hi, rp_eb, out)
+        _eb_range(x, g, gbits, lo, hi, rp_eb, out, cast)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -407,34 +390,30 @@ def _exact_code(av, gv, base, t1, t2):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _count_codes(codes, x, g, lo, base, t1, t2, out):
-    """Adds the histogram of one block's codes (_codes_of, for x[lo:] against g[lo:]) to
-    out (histbins: the bins, then zero, under, over); a flagged code, near a bin edge, is
-    binned exactly from the element itself."""
-    # four sets of counters, so that runs of equal codes do not wait on each other; a
-    # flagged code is counted apart (no branch here) and its element binned afterwards
-    m = codes.shape[0]
-    quad = np.zeros((4, 256), dtype=np.int64)
-    for j in range(0, m - 3, 4):
+def _count_rels(rels, x, g, lo, cells, base, t1, t2, flagged, out):
+    """Adds the histogram of one block's relative errors (rels[j] of x[lo + j] against
+    g[lo + j]: >= 0 and finite) to out (histbins: the bins, then zero, under, over). The
+    bin of each is a table cell's, looked up by its exponent and top CELL_BITS
+    significand bits; an element whose cell holds a bin edge (or touches one) is binned
+    exactly from the element itself (_exact_code), afterwards."""
+    m = rels.shape[0]
+    quad = np.zeros(4 * 256, dtype=np.int64)  # four sets: equal codes do not queue
+    n_flagged = 0
+    shift = np.int64(52 - CELL_BITS)
+    for j in range(m):
         i = np.uint64(j)
-        quad[0, np.uint64(codes[i])] += 1
-        quad[1, np.uint64(codes[i + np.uint64(1)])] += 1
-        quad[2, np.uint64(codes[i + np.uint64(2)])] += 1
-        quad[3, np.uint64(codes[i + np.uint64(3)])] += 1
-    for j in range(m - m % 4, m):
-        quad[0, np.uint64(codes[np.uint64(j)])] += 1
-    if quad[:, FLAG:].sum() > 0:
-        for s in range(0, m, 64):  # whole runs of 64 codes skipped when none is flagged
-            e = min(s + 64, m)
-            top = np.uint8(0)
-            for j in range(s, e):
-                top |= codes[np.uint64(j)]
-            if top >= FLAG:
-                for j in range(s, e):
-                    if codes[np.uint64(j)] >= FLAG:
-                        quad[0, np.uint64(_exact_code(np.float64(x[np.uint64(lo + j)]),
-                                                      g[np.uint64(lo + j)], base, t1, t2))] += 1
-    counts = quad[0] + quad[1] + quad[2] + quad[3]
+        r = rels[i]
+        code = np.int64(cells[np.uint64(_bits_f64(r) >> shift)])
+        code = code if r > 0.0 else np.int64(ZERO_CODE)
+        quad[np.uint64((j & 3) * 256 + code)] += 1
+        if code == FLAG:  # rare (under 1% of the elements of a rounding's errors)
+            flagged[np.uint64(n_flagged)] = j
+            n_flagged += 1
+    for f in range(n_flagged):
+        j = np.uint64(flagged[np.uint64(f)])
+        quad[np.uint64(_exact_code(np.float64(x[np.uint64(lo) + j]), g[np.uint64(lo) + j],
+                                   base, t1, t2))] += 1
+    counts = quad[0:256] + quad[256:512] + quad[512:768] + quad[768:1024]
     for k in range(N_BINS_):
         out[k] += counts[k + 1]
     out[N_BINS_] += counts[ZERO_CODE]
@@ -444,7 +423,7 @@ def _count_codes(codes, x, g, lo, base, t1, t2, out):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
-                 base, t1, t2, heat, where, starts, ends):
+                 cells, base, t1, t2, heat, where, starts, ends, scratch, flagged_of):
     """Per block: the kernel's metrics and error balance counts, then (out_f not empty)
     the golden rounded to the output dtype and its metrics and counts, then (hist not
     empty) both histograms and (heat not empty) the kernel's heat map, all while the
@@ -455,36 +434,59 @@ def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist,
     floor = out_f.shape[0] > 0
     counts = hist.shape[0] > 0
     heats = heat.shape[0] > 0
-    first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
     same_format = rp[0] == rp_eb[0]  # the floor is exactly the golden cast for msprobe
-    for b in prange(out.shape[0]):
-        lo = b * BLOCK
-        hi = min(lo + BLOCK, n)
-        codes = np.empty(hi - lo, dtype=np.uint8)
-        rels = np.empty(hi - lo)
-        tols = np.empty(hi - lo)
+    # each thread walks every n_threads-th block with buffers of its own, made once per
+    # call: a fresh 512 KiB array per block was a fresh mapping, paid for in page faults
+    n_threads = scratch.shape[0]
+    n_blocks = out.shape[0]
+    for t in prange(n_threads):
+        for b in range(t, n_blocks, n_threads):
+            _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
+                        cells, base, t1, t2, heat, where, starts, ends, scratch[t],
+                        flagged_of[t], b, n, floor, counts, heats, same_format)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
+                base, t1, t2, heat, where, starts, ends, buffers, flagged, b, n, floor, counts,
+                heats, same_format):
+    """Block ``b`` of _pair_blocks, in one thread's buffers (rels, tols, the rounded
+    golden, msprobe's cast golden; the histogram's flagged elements)."""
+    first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
+    lo = b * BLOCK
+    hi = min(lo + BLOCK, n)
+    rels = buffers[0, :hi - lo]
+    tols = buffers[1, :hi - lo]
+    cast = buffers[3, :hi - lo]
+    if heats and by_tol:
         _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols)
-        if heats:
-            _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
-                        heat[b])
+    elif heats or counts:
+        _block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols)
+    else:
+        _block_metrics(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols)
+    if heats:
+        _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
+                    heat[b])
+    if counts:
+        _count_rels(rels, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0])
+    _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb[b, 0:2], cast)
+    if floor:
+        r = buffers[2, :hi - lo]
+        if rp[0] == 24.0:  # float32: the hardware's conversion rounds once, to nearest
+            _to_f32_range(g, lo, hi, r)
+        else:
+            _round_range(g, gbits, lo, hi, rp, r)
+        gb = g[lo:hi]
         if counts:
-            _codes_of(rels, codes)
-            _count_codes(codes, a, g, lo, base, t1, t2, hist[b, 0])
-        _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb[b, 0:2])
-        if floor:
-            r = np.empty(hi - lo)
-            if rp[0] == 24.0:  # float32: the hardware's conversion rounds once, to nearest
-                _to_f32_range(g, lo, hi, r)
-            else:
-                _round_range(g, gbits, lo, hi, rp, r)
-            gb = g[lo:hi]
-            _block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0, hi - lo, c,
-                   out_f[b], rels, tols)
-            if counts:
-                _codes_of(rels, codes)
-                _count_codes(codes, r, gb, 0, base, t1, t2, hist[b, 1])
-            if not same_format:
-                _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], eb[b, 2:4])
+            _block_rels(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
+                        hi - lo, c, out_f[b], rels, tols)
+        else:
+            _block_metrics(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
+                           hi - lo, c, out_f[b], rels, tols)
+        if counts:
+            _count_rels(rels, r, gb, 0, cells, base, t1, t2, flagged, hist[b, 1])
+        if not same_format:
+            _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], eb[b, 2:4], cast)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -616,6 +618,33 @@ def _histogram_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 _HIST_BASE, _HIST_T1, _HIST_T2 = _histogram_tables()
 
 
+def _cell_table() -> np.ndarray:
+    """The histogram code of each table cell (the positive float64s that share an
+    exponent and top CELL_BITS significand bits), FLAG where the cell holds a bin edge
+    or borders one (so that no element within an ulp of an edge is binned by the table),
+    from the exact bins (_HIST_BASE / T1 / T2, drawn from log10 itself)."""
+    n = 1 << (11 + CELL_BITS)
+    idx = np.arange(n, dtype=np.int64)
+    step = np.int64(1) << (52 - CELL_BITS)
+    first = (idx * step).view(np.float64)                  # the cell's smallest value
+    last = (idx * step + (step - 1)).view(np.float64)      # and its largest
+    field = idx >> CELL_BITS
+
+    def code(v):
+        k = _HIST_BASE[field] + (v >= _HIST_T1[field]) + (v >= _HIST_T2[field])
+        return np.minimum(k, OVER_CODE)
+
+    lo, hi = code(first), code(last)
+    cells = np.where(lo == hi, lo, FLAG)
+    boundary = hi[:-1] != lo[1:]  # an edge where one cell ends and the next begins
+    cells[np.r_[False, boundary] | np.r_[boundary, False]] = FLAG
+    cells[field == 2047] = OVER_CODE  # inf / NaN bit patterns: never stored (clamped)
+    return cells.astype(np.uint8)
+
+
+_HIST_CELLS = _cell_table()
+
+
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
     """torch.testing.assert_close defaults: (atol, rtol)."""
     t = dt.traits(dtype)
@@ -709,6 +738,12 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     rows = total // cols if heat else 1
     grid = np.zeros((min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1))
     starts, ends = _pool_windows(cols, grid.shape[1])
+    # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
+    # golden and the histogram's flagged elements, reused by every block the thread takes
+    n_threads = max(1, min(numba.get_num_threads(), -(-total // BLOCK)))
+    width = min(BLOCK, max(total, 1))
+    scratch = np.empty((n_threads, 4, width))
+    flagged = np.empty((n_threads, width), dtype=np.int64)
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
         g_np = g[start:stop].numpy()
@@ -722,8 +757,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         heat_blocks = np.zeros((n_blocks if heat else 0,) + grid.shape)
         where = np.array([start, rows, cols, heat == "tol"], dtype=np.int64)
         _pair_blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb,
-                     parts, parts_f, hist_blocks, eb_blocks, _HIST_BASE, _HIST_T1, _HIST_T2,
-                     heat_blocks, where, starts, ends)
+                     parts, parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1,
+                     _HIST_T2, heat_blocks, where, starts, ends, scratch, flagged)
         if heat:
             np.maximum(grid, heat_blocks.max(axis=0), out=grid)
         acc_a.append(parts)
