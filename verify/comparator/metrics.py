@@ -340,19 +340,26 @@ def _round_range(g, gbits, lo, hi, rp, r):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _eb_range(x, g, gbits, lo, hi, rp, out, cast):
-    """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
-    NumPy dtype (rounded on the fly by rp into ``cast``, hi - lo long): out[0] +=
-    #(x > cast), out[1] += #(x < cast)."""
-    _round_range(g, gbits, lo, hi, rp, cast)
+def _eb_against(x, cast, out):
+    """msprobe's error balance counts of x against its cast golden, already rounded:
+    out[0] += #(x > cast), out[1] += #(x < cast) (NaN on either side counts in neither)."""
     gt = lt = 0
-    for j in range(hi - lo):
+    for j in range(x.shape[0]):
         i = np.uint64(j)
         xv = np.float64(x[i])
         gt += 1 if xv > cast[i] else 0
         lt += 1 if xv < cast[i] else 0
     out[0] += gt
     out[1] += lt
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _eb_range(x, g, gbits, lo, hi, rp, out, cast):
+    """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
+    NumPy dtype (rounded on the fly by rp into ``cast``, hi - lo long): out[0] +=
+    #(x > cast), out[1] += #(x < cast)."""
+    _round_range(g, gbits, lo, hi, rp, cast)
+    _eb_against(x[:hi - lo], cast, out)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -469,13 +476,17 @@ def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, 
                     heat[b])
     if counts:
         _count_rels(rels, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0])
-    _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb[b, 0:2], cast)
+    r = buffers[2, :hi - lo]
     if floor:
-        r = buffers[2, :hi - lo]
         if rp[0] == 24.0:  # float32: the hardware's conversion rounds once, to nearest
             _to_f32_range(g, lo, hi, r)
         else:
             _round_range(g, gbits, lo, hi, rp, r)
+    if floor and same_format and rp_eb[0] != 24.0:  # fp16: the floor is msprobe's cast
+        _eb_against(a[lo:hi], r, eb[b, 0:2])
+    else:
+        _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb[b, 0:2], cast)
+    if floor:
         gb = g[lo:hi]
         if counts:
             _block_rels(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
@@ -681,10 +692,14 @@ def thousandth_small_atol(dtype: torch.dtype) -> float:
     return max(t.small_value_atol, t.small_value * 2.0 ** -(t.mantissa_bits + 1))
 
 
-def _host_view(chunk: torch.Tensor) -> np.ndarray:
-    """A float32 / float64 NumPy view of a CPU chunk (bf16 / fp16 upcast exactly)."""
+def _host_view(chunk: torch.Tensor, into: torch.Tensor | None = None) -> np.ndarray:
+    """A float32 / float64 NumPy view of a CPU chunk (bf16 / fp16 upcast exactly, into the
+    float32 buffer ``into`` when given: one buffer for every chunk of a tensor, not a
+    fresh 16 MiB one per chunk, paid for in page faults)."""
     if chunk.dtype not in (torch.float32, torch.float64):
-        chunk = chunk.to(torch.float32)
+        if into is None:
+            return chunk.to(torch.float32).numpy()
+        return into[:chunk.numel()].copy_(chunk).numpy()
     return chunk.numpy()
 
 
@@ -744,10 +759,12 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     width = min(BLOCK, max(total, 1))
     scratch = np.empty((n_threads, 4, width))
     flagged = np.empty((n_threads, width), dtype=np.int64)
+    upcast = torch.empty(min(CHUNK, total), dtype=torch.float32) \
+        if a.dtype not in (torch.float32, torch.float64) else None
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
         g_np = g[start:stop].numpy()
-        a_np = _host_view(a[start:stop])
+        a_np = _host_view(a[start:stop], upcast)
         abits, aexp, aman = _bits_of(a_np)
         n_blocks = -(-a_np.shape[0] // BLOCK)
         parts = np.empty((n_blocks, N_SLOTS))
