@@ -526,13 +526,15 @@ _MAXES = (MAX_ABS, MAX_REL_CANN, MAX_ULP, MAX_REL, MAX_TOL)
 
 
 def _combine(parts: np.ndarray) -> np.ndarray:
+    """The blocks' partial results, summed in block order (deterministic: cumsum adds one
+    after the other, unlike sum's pairwise tree; + 0.0 as a sum started at 0.0 gives)."""
     acc = np.zeros(N_SLOTS)
     acc[ARG_ABS] = acc[ARG_REL] = -1
-    for p in parts:  # block order: deterministic
-        for k in _SUMS:
-            acc[k] += p[k]
-        for k in _MAXES:
-            acc[k] = max(acc[k], p[k])
+    if len(parts):
+        sums = list(_SUMS)
+        acc[sums] = np.cumsum(parts[:, sums], axis=0)[-1] + 0.0
+        maxes = list(_MAXES)
+        acc[maxes] = np.fmax.reduce(parts[:, maxes], axis=0, initial=0.0)
     if acc[N_ZERO_G_BAD] > 0:
         acc[MAX_REL] = np.inf
     return acc
