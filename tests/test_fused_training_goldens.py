@@ -112,6 +112,24 @@ def test_cross_entropy_matches_torch_with_ignore_index(reduction):
     assert torch.equal(grads["logits"][[2, 7]], torch.zeros(2, 30, dtype=D64))
 
 
+@pytest.mark.parametrize("big", [1e4, 1e17, 1.7e38])
+def test_cross_entropy_gradient_is_the_softmax_at_any_magnitude(big):
+    """k tied logits at the row's max each get weight * (1/k) (minus the label's one), the
+    softmax, however large they are: torch.logsumexp's gradient exp(x - lse) gave 1 to
+    each once log(k) fell under lse's ulp (a hunt found it at 1.7e38)."""
+    logits = torch.zeros(3, 10, dtype=D64)
+    logits[:, :7] = big  # seven tied maxima per row
+    w = torch.tensor([1.0, 2.0, 1e8], dtype=D64)
+    labels = torch.tensor([0.0, 8.0, 9.0], dtype=D64)
+    (loss,), grads = golden_grads("fused_cross_entropy",
+                                  dict(logits=logits, weight=w, labels=labels),
+                                  {"loss": torch.ones(3, dtype=D64)}, reduction="none")
+    want = torch.zeros(3, 10, dtype=D64)
+    want[:, :7] = w[:, None] / 7  # exp(x - max) / sum: 1/7 each, e^-big ~ 0 elsewhere
+    want[torch.arange(3), labels.long()] -= w
+    close(grads["logits"], want, rtol=1e-14)
+
+
 def test_mhc_post_forward_and_gradients_match_the_document_formulas():
     b, s, n, d = 2, 3, 4, 5
     x, res = rand(b, s, d, seed=19), rand(b, s, n, d, seed=20)
