@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 import verify
 from helpers import REPO, run_cli
@@ -78,6 +79,35 @@ def test_the_torch_kernels_hunt_clean(op):
     else:
         assert result.found == [], [t.entry for t in result.found]
     assert result.tried >= 50
+
+
+def test_the_explained_weaknesses_of_pytorch_hold():
+    """README "Hunting" explains two findings on built-in kernels by PyTorch's own
+    arithmetic; both still hold, measured against float64: layer_norm's CPU backward on a
+    row far from 0 with no spread (uncentred sums), and an fp32 einsum over 65,536 terms
+    (the mhc_post backward's grad_h_post) against a pairwise sum."""
+    import torch.nn.functional as F
+    gen = torch.Generator().manual_seed(0)
+    n = 4093
+    x = torch.full((2, n), 9984.0)
+    w = torch.rand(n, generator=gen) * 1e4 + 1.05e5
+    dy = torch.randn(2, n, generator=gen)
+    x64 = x.double().requires_grad_(True)
+    F.layer_norm(x64, (n,), w.double(), None, eps=1e-5).backward(dy.double())
+    x32 = x.clone().requires_grad_(True)
+    F.layer_norm(x32, (n,), w, None, eps=1e-5).backward(dy)
+    wd = w * dy  # the same gradient, centred: rstd (w dy - mean(w dy)), as x_hat = 0
+    centred = (wd - wd.mean(-1, keepdim=True)) / torch.sqrt(torch.tensor(1e-5))
+    torch_err = (x32.grad.double() - x64.grad).abs().max()
+    assert torch_err > 100 * (centred.double() - x64.grad).abs().max()
+    assert torch_err > 1e-3 * x64.grad.abs().mean()
+    d = 65536
+    xs = torch.randn(1, 5, d, generator=gen, dtype=torch.float64) * 10 + 1e4
+    go = torch.randn(1, 5, 4, d, generator=gen, dtype=torch.float64)
+    exact = torch.einsum("bsid,bsd->bsi", go, xs)
+    einsum_err = (torch.einsum("bsid,bsd->bsi", go.float(), xs.float()).double() - exact)
+    pairwise_err = ((go.float() * xs.float()[..., None, :]).sum(-1).double() - exact)
+    assert einsum_err.abs().max() > 3 * pairwise_err.abs().max()
 
 
 def test_the_same_seed_gives_the_same_found_cases():
