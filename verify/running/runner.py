@@ -13,6 +13,7 @@ import math
 import statistics
 import time
 import traceback
+import weakref
 
 import threading
 
@@ -168,15 +169,21 @@ class KernelSignatureError(TypeError):
     """The kernel cannot be called with the op's inputs and params."""
 
 
-_BINDS_OK: set = set()
+# the argument names each kernel function was checked to take, by the function itself
+# (weakly: an id() key could pass a later function given the same address unchecked)
+_BINDS_OK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def call_kernel(kern: registry.Kernel, spec, args: dict, params: dict):
     """``kern.fn(**args, **params)``, after checking that the kernel's signature takes
     exactly these keywords: a mismatch names the expected signature and the kernel's own
     file and line, instead of a TypeError from somewhere inside."""
-    key = (id(kern.fn), tuple(args), tuple(params))
-    if key not in _BINDS_OK:
+    key = (tuple(args), tuple(params))
+    try:
+        checked = _BINDS_OK.setdefault(kern.fn, set())
+    except TypeError:  # not weakly referable (a builtin): checked each call
+        checked = set()
+    if key not in checked:
         try:
             sig = inspect.signature(kern.fn)
         except (TypeError, ValueError):  # a builtin or C function: no signature to read
@@ -190,7 +197,7 @@ def call_kernel(kern: registry.Kernel, spec, args: dict, params: dict):
                     f"'{spec.name}''s arguments: {exc}. Kernels are called as "
                     f"fn(**inputs, **params): {spec.signature()} "
                     f"(`verify ops {spec.name}` shows it in full)") from None
-        _BINDS_OK.add(key)
+        checked.add(key)
     return kern.fn(**args, **params)
 
 
@@ -662,14 +669,19 @@ def _interpreter_warning(rows: list[dict], case: Case, kern: registry.Kernel,
             r["warning"] = " | ".join(filter(None, [r.get("warning"), text]))
 
 
-_TRITON_KERNELS: dict[int, bool] = {}
+# by the function itself, weakly: an id() key outlived its function, and a later kernel
+# given the same address inherited its answer (a Triton kernel's rows lost their warning)
+_TRITON_KERNELS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _triton_kernel(kern: registry.Kernel) -> bool:
-    key = id(kern.fn)
-    if key not in _TRITON_KERNELS:
-        _TRITON_KERNELS[key] = triton_probe.is_triton_kernel(kern.fn)
-    return _TRITON_KERNELS[key]
+    try:
+        known = _TRITON_KERNELS.get(kern.fn)
+    except TypeError:  # not weakly referable (a builtin): asked each time
+        return triton_probe.is_triton_kernel(kern.fn)
+    if known is None:
+        known = _TRITON_KERNELS[kern.fn] = triton_probe.is_triton_kernel(kern.fn)
+    return known
 
 
 def reduction_scale(spec, case, out_name: str, out_dtype: torch.dtype) -> tuple[int, float]:
