@@ -335,6 +335,8 @@ def _tokens_times(k):
     standard=MIXED,
     validate=_check_sinkhorn,
     ranks=(3, 3),
+    # the shape rule the hunt cannot guess: mixes' last dim is (2 + hc) hc = 24, hc = 4
+    hunt={"last_dim": [24], "params": {"hc_mult": []}},
     grads=Gradients(wrt=("mixes", "hc_scale", "hc_base"),
                     reduced={"hc_scale": _tokens_times(16), "hc_base": _tokens_times(1)}),
     description="HC-split Sinkhorn: pre = sigmoid(m_pre*s0 + b_pre) + eps, post = "

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import verify
+from verify.errors import ConfigError
 from helpers import REPO, run_cli
 
 PLANTED = str(REPO / "tests" / "data" / "planted_kernels.py")
@@ -145,6 +146,15 @@ def test_the_space_covers_param_combinations_late_steps_and_value_families():
     adam = hunt.param_values(registry.op("apply_adam_w_v2"))
     assert "100000" in adam["step"] and "0.99" in adam["beta1"]
     assert all(float(v) < 0.5 for v in adam["eps"]), adam["eps"]
+    # an op whose shape rule fixes its last dim (hunt['last_dim']): every candidate and
+    # every mutation keeps it, the leading dims still vary
+    space = hunt.Space.of(registry.op("sinkhorn"), ["fp32"], 1 << 18)
+    rng = np.random.default_rng(0)
+    shapes = [space.random(rng, i).shape for i in range(40)]
+    shapes += [space.mutate(space.random(rng, i), rng).shape for i in range(40)]
+    assert {s[-1] for s in shapes} == {24} and len({s[:-1] for s in shapes}) > 5
+    with pytest.raises(ConfigError, match="last_dim"):
+        registry._check_hunt("x", "here", {"last_dim": []}, [], {})
     spec = registry.op("apply_adam_w_v2")
     seen = {}
     for label in [f"{f}:{v}" for f, vs in hunt.VARIANTS.items() for v in vs]:

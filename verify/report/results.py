@@ -75,11 +75,13 @@ def reserve_run_dir(reports: str | Path | None, run_id: str | None) -> Path:
 def frame(rows: list[dict]):
     import pandas as pd
     df = pd.DataFrame(rows)
-    for c in COLUMNS:
-        if c not in df.columns:
-            df[c] = None
     extra = [c for c in df.columns if c not in COLUMNS]
-    return df[COLUMNS + extra]
+    missing = [c for c in COLUMNS if c not in df.columns]
+    # the missing columns (None) in one step: one insert per column fragments the frame,
+    # and pandas warned about it on runs with few columns filled
+    empty = pd.DataFrame({c: pd.Series([None] * len(df), index=df.index, dtype=object)
+                          for c in missing})
+    return pd.concat([df, empty], axis=1)[COLUMNS + extra]
 
 
 def _finite_numbers(v) -> bool:

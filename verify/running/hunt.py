@@ -252,6 +252,8 @@ class Space:
     params: dict[str, list[str]] = field(default_factory=dict)
     families: list[str] = field(default_factory=list)  # 'family:variant' labels
     lengths: tuple[int, ...] = LENGTHS
+    # the only extents of the last dim, where the op's shape rule fixes it (hunt['last_dim'])
+    last_dim: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, spec, dtypes: list[str], max_elements: int) -> "Space":
@@ -261,7 +263,8 @@ class Space:
         lengths = tuple(sorted(set(LENGTHS) | set(spec.hunt.get("lengths", ()))))
         most = int(spec.hunt.get("max_elements", max_elements))
         return cls(spec, dtypes, min(most, max_elements), searchable(spec),
-                   param_values(spec), labels, lengths)
+                   param_values(spec), labels, lengths,
+                   tuple(int(n) for n in spec.hunt.get("last_dim", ())))
 
     def ranks(self) -> list[int]:
         lo, hi = self.spec.ranks
@@ -277,7 +280,8 @@ class Space:
         scales, offsets, families and params each drawn for some of the inputs."""
         rank = int(rng.choice(self.ranks()))
         room = self.max_elements // max(1, len(self.spec.inputs))
-        fitting = [n for n in self.lengths if n <= room] or [1]
+        fitting = [n for n in self.last_dim or self.lengths if n <= room] or \
+            list(self.last_dim[:1]) or [1]
         if not hasattr(self, "_order"):
             self._order = [fitting[k] for k in rng.permutation(len(fitting))]
         last = int(self._order[i % len(self._order)])
@@ -303,7 +307,7 @@ class Space:
         if what == 0 and c.shape:
             shape = list(c.shape)
             d = int(rng.integers(0, len(shape)))
-            lengths = self.lengths
+            lengths = self.last_dim if d == len(shape) - 1 and self.last_dim else self.lengths
             k = lengths.index(shape[d]) if shape[d] in lengths else 0
             k = int(np.clip(k + rng.choice([-3, -1, 1, 3]), 0, len(lengths) - 1))
             shape[d] = lengths[k]

@@ -370,7 +370,7 @@ def declare_op(name: str, *, inputs: Sequence[InputSpec], outputs: Sequence[Outp
     return wrap
 
 
-HUNT_KEYS = ("params", "inputs", "families", "lengths", "max_elements")
+HUNT_KEYS = ("params", "inputs", "families", "lengths", "last_dim", "max_elements")
 HUNT_FAMILIES = ("plain", "heavy", "outliers", "peaked", "zeros", "subnormal", "extreme")
 
 
@@ -393,9 +393,13 @@ def _check_hunt(name, where, hunt, inputs, params) -> dict:
     if bad:
         raise ConfigError(f"{what}['families'] names {bad[0]!r}; known: "
                           f"{', '.join(HUNT_FAMILIES)}")
-    bad = [n for n in hunt.get("lengths", ()) if not (isinstance(n, int) and n >= 1)]
-    if bad:
-        raise ConfigError(f"{what}['lengths'] holds {bad[0]!r}, not a length >= 1")
+    for key in ("lengths", "last_dim"):
+        bad = [n for n in hunt.get(key, ()) if not (isinstance(n, int) and n >= 1)]
+        if bad:
+            raise ConfigError(f"{what}[{key!r}] holds {bad[0]!r}, not a length >= 1")
+    if "last_dim" in hunt and not hunt["last_dim"]:
+        raise ConfigError(f"{what}['last_dim'] is empty: name the extents the last dim "
+                          f"may take")
     return hunt
 
 
