@@ -76,7 +76,7 @@ class FloorBook:
         if self._figures is None:
             self._figures = dict(self.resolver.figures(self.key, self.spec, self.inputs) or {})
             # figures another machine pushed to the registry: a share is recomputed here
-            fetched = self.key in getattr(self.resolver, "fetched_figures", ())
+            fetched = self.key in self.resolver.fetched_figures
             self._check = fetched and self.resolver.check_figures(self.key)
             self.source = "registry" if fetched else "local" if self._figures else ""
         return self._figures

@@ -141,7 +141,9 @@ def golden_task(ctx: NodeContext, case, key: str, clock, token: str) -> dict:
         resolver = setup(ctx).resolver
         from verify.golden import source as golden_source
         from verify.specs import registry
-        golden = resolver.get(registry.op(case.op), case)
+        from verify.specs import inputs as inp
+        first_inputs = None if case.expect_error else inp.make_inputs(case)
+        golden = resolver.get(registry.op(case.op), case, first_inputs)
         # computed goldens were pushed by get(); one found in this node's store may be
         # missing from the registry, where kernel tasks on other nodes look for it
         pushed = golden.source == golden_source.LOCAL and resolver.publish(key)
@@ -152,7 +154,7 @@ def golden_task(ctx: NodeContext, case, key: str, clock, token: str) -> dict:
         t0 = time.perf_counter()
         try:
             from verify.running import runner
-            book = runner.keep_floors(case, resolver)
+            book = runner.keep_floors(case, resolver, first_inputs, golden)
             if book is not None:
                 out.update(floors=book.size(), floors_source=book.source)
         except Exception as exc:

@@ -169,9 +169,22 @@ class KernelSignatureError(TypeError):
     """The kernel cannot be called with the op's inputs and params."""
 
 
-# the argument names each kernel function was checked to take, by the function itself
-# (weakly: an id() key could pass a later function given the same address unchecked)
-_BINDS_OK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def _per_function(cache: weakref.WeakKeyDictionary, fn, make):
+    """``cache[fn]``, made by ``make()`` the first time: keyed by the function itself,
+    weakly (an id() key outlives its function, and a later function given the same
+    address inherited its entry); a function that cannot be weakly referred to (a
+    builtin) gets a fresh ``make()`` each time."""
+    try:
+        known = cache.get(fn)
+    except TypeError:
+        return make()
+    if known is None:
+        known = cache[fn] = make()
+    return known
+
+
+# the argument names each kernel function was checked to take
+_BINDS_OK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def call_kernel(kern: registry.Kernel, spec, args: dict, params: dict):
@@ -179,10 +192,7 @@ def call_kernel(kern: registry.Kernel, spec, args: dict, params: dict):
     exactly these keywords: a mismatch names the expected signature and the kernel's own
     file and line, instead of a TypeError from somewhere inside."""
     key = (tuple(args), tuple(params))
-    try:
-        checked = _BINDS_OK.setdefault(kern.fn, set())
-    except TypeError:  # not weakly referable (a builtin): checked each call
-        checked = set()
+    checked = _per_function(_BINDS_OK, kern.fn, set)
     if key not in checked:
         try:
             sig = inspect.signature(kern.fn)
@@ -669,19 +679,12 @@ def _interpreter_warning(rows: list[dict], case: Case, kern: registry.Kernel,
             r["warning"] = " | ".join(filter(None, [r.get("warning"), text]))
 
 
-# by the function itself, weakly: an id() key outlived its function, and a later kernel
-# given the same address inherited its answer (a Triton kernel's rows lost their warning)
-_TRITON_KERNELS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TRITON_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _triton_kernel(kern: registry.Kernel) -> bool:
-    try:
-        known = _TRITON_KERNELS.get(kern.fn)
-    except TypeError:  # not weakly referable (a builtin): asked each time
-        return triton_probe.is_triton_kernel(kern.fn)
-    if known is None:
-        known = _TRITON_KERNELS[kern.fn] = triton_probe.is_triton_kernel(kern.fn)
-    return known
+    return _per_function(_TRITON_KERNELS, kern.fn,
+                         lambda: triton_probe.is_triton_kernel(kern.fn))
 
 
 def reduction_scale(spec, case, out_name: str, out_dtype: torch.dtype) -> tuple[int, float]:
@@ -843,16 +846,15 @@ def _judging(spec, case: Case, out_name: str, out_dtype) -> tuple[dict, int, str
     return std, n_terms, "values" if is_grad else spec.output(out_name).compare
 
 
-def keep_floors(case: Case, resolver) -> FloorBook | None:
-    """Both floors of every output and step of a case's golden, computed into the
-    FloorBook beside it (kept in the store, pushed to the registry): what a cluster
-    run's golden task does, so that no kernel task computes a floor. The book (its size
-    and where its figures came from); None for a case without floors."""
+def keep_floors(case: Case, resolver, first_inputs: dict, golden) -> FloorBook | None:
+    """Both floors of every output and step of a case's golden (resolved from
+    ``first_inputs``), computed into the FloorBook beside it (kept in the store, pushed
+    to the registry): what a cluster run's golden task does, so that no kernel task
+    computes a floor. The book (its size and where its figures came from); None for a
+    case without floors."""
     spec = registry.op(case.op)
     if case.expect_error or case.source is not None:
         return None
-    first_inputs = inp.make_inputs(case)
-    golden = resolver.get(spec, case, first_inputs)
     g_steps = [golden.step(s) for s in range(len(golden.trajectory))]
     names = (spec.active_outputs(case.params) if case.forward else []) + \
         (golden_source.grad_names(spec, case) if case.backward else [])
