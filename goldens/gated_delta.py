@@ -213,6 +213,8 @@ def tril_block(A, s, e, b):
     standard=MIXED,
     validate=check_solve_tril,
     ranks=(4, 4),
+    # the shape rule the hunt cannot guess: the last dim is the block size BT
+    hunt={"last_dim": list(SOLVE_TRIL_BLOCKS)},
     grads=Gradients(wrt=("A",)),
     description="(I + A)^-1 per chunk for the strictly lower triangular A of "
                 "chunk_scaled_dot_kkt; BT = 16, 32 or 64 (step 3).",
@@ -322,6 +324,24 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(dim=-1, keepdim=True) + eps)
 
 
+# The contract of real callers, which the hunt keeps to. beta is a sigmoid's output in
+# [0, 1] and g a log decay <= 0: scaled or moved they leave it. k's norm with beta sets
+# the recurrence's stability (|1 - beta |k|^2| <= 1 keeps the state bounded), so k keeps
+# its declared spread: scaled, the true state explodes and no kernel computes it. q and v
+# enter linearly and are searched. Head dims are the usual ones and their neighbours
+# (the state is [H, K, V] per token), and the token-by-token float64 golden keeps its
+# autograd graph per token: 2^18 elements keep a candidate under ~10 s and ~2 GB. Values
+# at half of fp32's largest (the 'extreme' family) are left out: a chunked kernel sums a
+# chunk's terms before they decay, so its intermediates overflow where the token-by-token
+# recurrence's do not, and no fp32 kernel of the chunked algorithm computes them.
+GATED_DELTA_HUNT = {"inputs": ["q", "v"],
+                    "families": ["plain", "heavy", "outliers", "peaked", "zeros",
+                                 "subnormal"],
+                    "last_dim": [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127,
+                                 128],
+                    "max_elements": 1 << 18}
+
+
 def _state_shape(main):
     return (main[0], main[2], main[3], main[3])
 
@@ -343,6 +363,7 @@ def _state_shape(main):
     standard=MIXED,
     validate=check_gated_delta,
     ranks=(4, 4),
+    hunt=GATED_DELTA_HUNT,
     grads=Gradients(wrt=("q", "k", "v", "g", "beta", "initial_state")),
     description="Gated delta rule: per token S <- exp(g_t) S; u = beta_t (v_t - S^T k_t); "
                 "S <- S + k_t u^T; o_t = scale S^T q_t. Returns o [B, T, H, V] and the "
