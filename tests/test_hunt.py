@@ -162,6 +162,21 @@ def test_verify_hunt_cli_exits_1_with_found_cases_and_2_on_a_bad_op(tmp_path):
     assert proc.returncode == 2 and "no_such_op" in proc.stderr
 
 
+def test_max_elements_takes_l2_sizes():
+    """--max-elements above the default 2^21 (an L2-sized hunt) parses, as digits or 2^N;
+    0 and words are usage errors naming the flag."""
+    from verify import cli
+    parser = cli._parser()
+    for text, n in (("33554432", 1 << 25), ("2^27", 1 << 27)):
+        a = parser.parse_args(["hunt", "--op", "softmax", "--backend", "torch",
+                               "--max-elements", text])
+        assert a.max_elements == n
+    for text in ("0", "lots", "2^"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["hunt", "--op", "softmax", "--backend", "torch",
+                               "--max-elements", text])
+
+
 def test_the_space_covers_param_combinations_late_steps_and_value_families():
     """What the hunt draws from an op's declaration: params over their natural ranges
     (bools both ways, the step up to 1e5, decades of a float, never eps -> 0.9) and the

@@ -59,6 +59,17 @@ def _count(text: str) -> int:
     raise argparse.ArgumentTypeError(f"a whole number from 1 to 1000000, not {text!r}")
 
 
+def _elements(text: str) -> int:
+    """A number of elements: digits, or a power of two written 2^N (up to 2^40)."""
+    text = text.strip()
+    n = int(text) if text.isdigit() else (
+        2 ** int(text[2:]) if text.startswith("2^") and text[2:].isdigit() else 0)
+    if 1 <= n <= 1 << 40:
+        return n
+    raise argparse.ArgumentTypeError(f"a number of elements from 1 to 2^40 (digits or 2^N), "
+                                     f"not {text!r}")
+
+
 def _retries(text: str) -> int:
     if text.isdigit() and int(text) <= 100:
         return int(text)
@@ -224,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     hn.add_argument("--budget", type=_count, default=None,
                     help="cases tried per kernel (default 100)")
     hn.add_argument("--seed", type=int, default=0, help="the search's seed (default 0)")
-    hn.add_argument("--max-elements", type=_count, default=None,
+    hn.add_argument("--max-elements", type=_elements, default=None,
                     help="largest inputs tried, in elements over all inputs (default 2^21)")
     hn.add_argument("--case-timeout", default=None, type=_seconds, metavar="S",
                     help="seconds a tried case may run before it is an ERROR row")
