@@ -162,6 +162,23 @@ def test_verify_hunt_cli_exits_1_with_found_cases_and_2_on_a_bad_op(tmp_path):
     assert proc.returncode == 2 and "no_such_op" in proc.stderr
 
 
+def test_a_hunt_keeps_its_candidates_within_the_memory_available(monkeypatch):
+    """A --max-elements beyond what memory allows (half of what is available, over the
+    processes) is lowered, with a warning in the summary and the run's meta."""
+    from verify.running import hunt
+    monkeypatch.setattr(hunt, "available_memory", lambda: 64 << 20)  # 64 MiB
+    spaces = []
+    real = hunt.Space.of
+    monkeypatch.setattr(hunt.Space, "of", classmethod(
+        lambda cls, *a: spaces.append(real(*a)) or spaces[-1]))
+    result = verify.hunt("silu", "torch", dtypes=["fp32"], budget=4, max_elements=1 << 24,
+                         reports=False)
+    most = (64 << 20) // 2 // hunt.BYTES_PER_ELEMENT
+    assert spaces[0].max_elements == most and result.tried == 4
+    assert "does not fit in memory" in hunt.summary(result)
+    assert hunt.memory_bound(1 << 10, 2) == (1 << 10, None)  # what fits is left alone
+
+
 def test_max_elements_takes_l2_sizes():
     """--max-elements above the default 2^21 (an L2-sized hunt) parses, as digits or 2^N;
     0 and words are usage errors naming the flag."""

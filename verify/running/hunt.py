@@ -75,6 +75,10 @@ FOUND = "found_cases.json"
 KEPT = 5  # found inputs written to found_cases.json
 FINDING_RATIO = 16.0  # a FAIL this many times the compute-precision floor's error is a bug
 MOST_PARAM_VALUES = 16
+# memory a candidate's element takes on this machine: its float64 input and golden output,
+# a backward's gradients and temporaries (ray_run.GOLDEN_FACTOR, twice), the kernel's copy
+BYTES_PER_ELEMENT = 8 * 4 * 2
+MEMORY_SHARE = 0.5  # of the memory available when the hunt starts, over its processes
 
 
 @dataclass(frozen=True)
@@ -405,6 +409,7 @@ class HuntResult:
     run_dir: Path | None
     best: Tried | None = None
     outside: int = 0  # candidates outside the op's contract (no verdict, no budget spent)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -699,6 +704,35 @@ def _executor(spec, ctx, setup: Setup, workers: int, ray: str | None, backend: s
     return Serial(spec, ctx)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable: free memory plus the page
+    cache it can drop), None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_bound(max_elements: int, processes: int) -> tuple[int, str | None]:
+    """``max_elements`` lowered to what this machine's memory allows for ``processes``
+    candidates at once (MEMORY_SHARE of what is available, BYTES_PER_ELEMENT each), and
+    the warning that says so; unchanged where it fits or the memory is unknown."""
+    free = available_memory()
+    if free is None:
+        return max_elements, None
+    most = int(free * MEMORY_SHARE / max(1, processes) / BYTES_PER_ELEMENT)
+    if max_elements <= most:
+        return max_elements, None
+    most = max(1, most)
+    return most, (f"--max-elements {max_elements} does not fit in memory ({free / 2**30:.1f} "
+                  f"GiB available, {processes} process(es), {BYTES_PER_ELEMENT} bytes an "
+                  f"element): candidates hold at most {most} elements")
+
+
 def _kernel_modules(kernels) -> tuple[str, ...]:
     """The user's modules as another process reaches them: .py paths made absolute."""
     out = []
@@ -737,6 +771,10 @@ def hunt(op: str, backend: str, *, kernels=(), dtypes=None, budget: int = DEFAUL
         raise ConfigError(f"--budget must be at least 1, not {budget}")
     if workers < 0:
         raise ConfigError(f"-n must be a number of processes >= 0, not {workers}")
+    warnings = []
+    if ray is None:  # a Ray node bounds its own tasks' memory (ray_run.golden_memory)
+        max_elements, why = memory_bound(max_elements, max(1, workers))
+        warnings += [why] if why else []
     space = Space.of(spec, wanted, max_elements)
     ctx = context.RunContext(resolver=_resolver(store), case_timeout=case_timeout)
     threads = max(1, (os.cpu_count() or 1) // workers) if workers > 1 else 0
@@ -783,7 +821,7 @@ def hunt(op: str, backend: str, *, kernels=(), dtypes=None, budget: int = DEFAUL
     if reports is not False:
         run_dir = results.reserve_run_dir(reports or None, run_id)
         results.write(fail_rows, run_dir, {
-            "run_id": run_dir.name, "level": "hunt", "warnings": [],
+            "run_id": run_dir.name, "level": "hunt", "warnings": warnings,
             "environment": results.environment(),
             "hunt": {"op": spec.name, "backend": backend, "kernels": [k.name for k in kerns],
                      "budget": budget, "seed": seed, "tried": len(tried),
@@ -792,7 +830,7 @@ def hunt(op: str, backend: str, *, kernels=(), dtypes=None, budget: int = DEFAUL
                      "worst_margin": None if best is None else (
                          best.score if math.isfinite(best.score) else "inf")}})
         write_found(run_dir / FOUND, spec.name, [t.entry for t in found[:KEPT]], seed)
-    return HuntResult(fail_rows, found, len(tried), run_dir, best, outside)
+    return HuntResult(fail_rows, found, len(tried), run_dir, best, outside, warnings)
 
 
 def write_found(path: Path, op: str, entries: list[dict], seed: int) -> None:
@@ -817,6 +855,7 @@ def summary(result: HuntResult) -> str:
     if result.best is not None and not result.found:
         lines.append(f"  worst: {result.best.entry['id']} {result.best.entry['shape']} "
                      f"(error over the compute-precision floor {result.best.score:.3g})")
+    lines += [f"warning: {w}" for w in result.warnings]
     if result.run_dir is not None:
         lines.append(f"reports in {result.run_dir}; found cases: {result.run_dir / FOUND}")
     return "\n".join(lines) + "\n"
