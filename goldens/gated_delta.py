@@ -346,6 +346,29 @@ def _state_shape(main):
     return (main[0], main[2], main[3], main[3])
 
 
+def _gated_delta_as_kernels_compute_it(q, k, v, g, beta, initial_state, cu_seqlens, *,
+                                       scale, output_final_state, use_qk_l2norm_in_kernel,
+                                       chunk_size):
+    """The compute-precision floor: the recurrence with each token's decay taken from g's
+    chunk-local cumsum (gc_t - gc_t-1), as chunked kernels take theirs (exp(gc_i - gc_j)):
+    its g carries the cumsum's rounding, and grad_g comes back through a reverse cumsum.
+    At a sequence's first token, where the exact gradient is 0 without an initial state,
+    this leaves the fp32 rounding every chunked kernel leaves there (README "Hunting");
+    the token-by-token recurrence on g itself gives exactly 0."""
+    gc = chunk_local_cumsum(g, cu_seqlens, chunk_size=chunk_size, reverse=False, scale=None,
+                            output_dtype=None)[0]
+    steps = []
+    for b, start, end in segments(g.shape[0], g.shape[1], cu_seqlens):
+        for s, e in chunks(start, end, chunk_size):
+            c = gc[b, s:e]
+            steps.append((b, s, e, c - torch.cat([torch.zeros_like(c[:1]), c[:-1]], 0)))
+    return chunk_gated_delta_rule(q, k, v, assemble(g, steps), beta, initial_state,
+                                  cu_seqlens, scale=scale,
+                                  output_final_state=output_final_state,
+                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                  chunk_size=chunk_size)
+
+
 @declare_op(
     "chunk_gated_delta_rule",
     inputs=[InputSpec("q", dist={"dist": "normal", "std": 0.1}),
@@ -365,6 +388,7 @@ def _state_shape(main):
     ranks=(4, 4),
     hunt=GATED_DELTA_HUNT,
     grads=Gradients(wrt=("q", "k", "v", "g", "beta", "initial_state")),
+    compute_floor=_gated_delta_as_kernels_compute_it,
     description="Gated delta rule: per token S <- exp(g_t) S; u = beta_t (v_t - S^T k_t); "
                 "S <- S + k_t u^T; o_t = scale S^T q_t. Returns o [B, T, H, V] and the "
                 "final state [N, H, K, V] (fp32).",

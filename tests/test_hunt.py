@@ -143,6 +143,20 @@ def test_the_chunked_gated_delta_rule_leaves_rounding_noise_where_grad_g_is_exac
     assert elsewhere < 1e-6 * exact.abs().max()  # fp32 rounding of grad_g's scale
 
 
+def test_the_gated_delta_floor_takes_its_decays_from_the_chunk_local_cumsum(tmp_path):
+    """The op's compute-precision floor leaves the same kind of rounding at the first
+    token's grad_g as a chunked kernel (its decays come from g's chunk-local cumsum), so
+    the kernel stays within a few times that floor there: no finding."""
+    path = tmp_path / "chunk_gated_delta_rule.json"
+    path.write_text(json.dumps({"op": "chunk_gated_delta_rule", "levels": {"L0": [
+        {"id": "v-scaled", "shape": [8, 9, 61, 8], "dtype": "fp32", "seed": 5,
+         "inputs": {"v": {"dist": "normal", "mean": 0.0, "std": 1e4}}}]}}))
+    result = verify.run(level="L0", cases=str(path), backends=["torch"], reports=False)
+    (row,) = [r for r in result.rows if r["output"] == "grad_g"]
+    assert row["cfloor_max_abs"] > 0 and row["cfloor_ratio"] < 4, row
+    assert all(r["cfloor_ratio"] < 1 for r in result.rows if r["output"] != "grad_g")
+
+
 def test_the_same_seed_gives_the_same_found_cases():
     def found(seed):
         r = verify.hunt("softmax", "planted", kernels=[PLANTED], dtypes=["fp32"], seed=seed,
