@@ -62,10 +62,11 @@ def _count(text: str) -> int:
 def _elements(text: str) -> int:
     """A number of elements: digits, or a power of two written 2^N (up to 2^40)."""
     text = text.strip()
-    n = int(text) if text.isdigit() else (
-        2 ** int(text[2:]) if text.startswith("2^") and text[2:].isdigit() else 0)
-    if 1 <= n <= 1 << 40:
-        return n
+    power = text[2:] if text.startswith("2^") else None
+    if power is not None and power.isdigit() and int(power) <= 40:
+        return 1 << int(power)
+    if text.isdigit() and 1 <= int(text) <= 1 << 40:
+        return int(text)
     raise argparse.ArgumentTypeError(f"a number of elements from 1 to 2^40 (digits or 2^N), "
                                      f"not {text!r}")
 

@@ -53,7 +53,7 @@ from verify.comparator import dtypes as dt
 from verify.errors import ConfigError
 from verify.golden import source as golden_source
 from verify.report import results
-from verify.running import context, runner
+from verify.running import context, ray_run, runner
 from verify.specs import inputs as input_values
 from verify.specs import registry
 
@@ -75,9 +75,9 @@ FOUND = "found_cases.json"
 KEPT = 5  # found inputs written to found_cases.json
 FINDING_RATIO = 16.0  # a FAIL this many times the compute-precision floor's error is a bug
 MOST_PARAM_VALUES = 16
-# memory a candidate's element takes on this machine: its float64 input and golden output,
-# a backward's gradients and temporaries (ray_run.GOLDEN_FACTOR, twice), the kernel's copy
-BYTES_PER_ELEMENT = 8 * 4 * 2
+# memory a candidate's element takes on this machine: a golden's float64 inputs, outputs and
+# temporaries (ray_run.GOLDEN_FACTOR, as Ray's golden tasks ask for), twice for a backward
+BYTES_PER_ELEMENT = 8 * ray_run.GOLDEN_FACTOR * 2
 MEMORY_SHARE = 0.5  # of the memory available when the hunt starts, over its processes
 
 
@@ -672,7 +672,6 @@ class RayNodes:
     device (verify run --ray's cluster specs: auto, HOST:PORT, local[:RESOURCES])."""
 
     def __init__(self, spec, setup: Setup, ray_spec: str, backend: str):
-        from verify.running import ray_run
         self.spec, self.setup = spec, setup
         self.ray, self.started = ray_run.connect(ray_spec)
         self.fn = self.ray.remote(max_retries=0)(evaluate_remote)
@@ -771,10 +770,10 @@ def hunt(op: str, backend: str, *, kernels=(), dtypes=None, budget: int = DEFAUL
         raise ConfigError(f"--budget must be at least 1, not {budget}")
     if workers < 0:
         raise ConfigError(f"-n must be a number of processes >= 0, not {workers}")
-    warnings = []
+    why = None
     if ray is None:  # a Ray node bounds its own tasks' memory (ray_run.golden_memory)
         max_elements, why = memory_bound(max_elements, max(1, workers))
-        warnings += [why] if why else []
+    warnings = [why] if why else []
     space = Space.of(spec, wanted, max_elements)
     ctx = context.RunContext(resolver=_resolver(store), case_timeout=case_timeout)
     threads = max(1, (os.cpu_count() or 1) // workers) if workers > 1 else 0
