@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -51,9 +50,9 @@ CHUNK = BLOCK * 64  # elements upcast at a time
 
 # accumulator slots
 (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, MAX_REL_CANN, ARG_REL, MAX_ABS, ARG_ABS, SUM_SQ,
- DOT, AA, GG, N_GT, N_LT, SUM_EB, MAX_ULP, SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD,
+ DOT, AA, GG, SUM_EB, MAX_ULP, SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD,
  N_OK_1E2, N_OK_1E3, N_OK_1E4, N_REL_BAD, N_V2, N_CASE, MAX_REL, N_ZERO_G_BAD, MAX_TOL,
- N_SHRINK, N_GROW, EB_GT, EB_LT, MAX_G, N_SLOTS) = range(36)
+ N_SHRINK, N_GROW, EB_GT, EB_LT, MAX_G, N_SLOTS) = range(34)
 _FLT_MAX = float(np.finfo(np.float32).max)
 
 # constants slots
@@ -66,6 +65,7 @@ from verify.comparator.histbins import three_digits  # noqa: E402
 N_BINS_ = N_BINS  # a global numba freezes as a constant
 _F64_EXP = np.int64(0x7FF0000000000000)
 _F64_MAN = np.int64(0x000FFFFFFFFFFFFF)
+_F64_MAX_FIELD = np.int64(2046 << 52)  # the largest finite exponent field, in place
 # NaN / Inf are classified from the bit patterns, so the float arithmetic below only ever
 # sees finite values and may be vectorised with fast-math flags (no nnan / ninf). The
 # functions that must see NaN / Inf say fastmath=False outright: numba compiles a callee
@@ -132,10 +132,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
         eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
         small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
         mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
+        mant_bits = mant << 52
+        floor_bits = max(min_field, mant) << 52
         v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
         abs_rtol, thou_atol, eps_abs = c[C_ABS_RTOL], c[C_THOU_ATOL], c[C_EPS_ABS]
         n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
-        n_gt = n_lt = s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
+        s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
         ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
         shrink = grow = eb_gt = eb_lt = m_g = 0.0
         seen = np.int64(1)
@@ -173,8 +175,6 @@ def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
             dot += av * gv
             aa += av * av
             gg += gv * gv
-            n_gt += 1.0 if av > gv else 0.0
-            n_lt += 1.0 if av < gv else 0.0
             # msprobe's error balance against the golden cast to float32 (its NumPy dtype
             # for fp32 and bf16 outputs), for finite pairs; a block with any NaN / Inf pair
             # or a golden beyond float32's range is counted again exactly (_eb_range)
@@ -195,11 +195,11 @@ def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
             m_pr = _fmax(m_pr, d * inv_ag * g_pos)
             zero_bad += (1.0 - g_pos) * (1.0 if d > 0.0 else 0.0)
             # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
-            e_field = (gb >> 52) & 0x7FF
-            e_field = e_field if e_field > min_field else min_field
-            scale_field = 2046 + mant - e_field
-            scale_field = scale_field if scale_field < 2046 else 2046
-            ulp = d * _as_float(scale_field << 52)
+            # (worked on the exponent fields in place, << 52: two shifts and a min fewer;
+            # e >= mant keeps the scale's field at most 2046, so nothing overflows)
+            e_bits = gb & _F64_EXP
+            e_bits = e_bits if e_bits > floor_bits else floor_bits
+            ulp = d * _as_float(_F64_MAX_FIELD - (e_bits - mant_bits))
             m_ulp = _fmax(m_ulp, ulp)
             s_ulp += ulp
             n_u1 += 1.0 if ulp > 1.0 else 0.0
@@ -238,8 +238,6 @@ def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
         out[DOT] = dot
         out[AA] = aa
         out[GG] = gg
-        out[N_GT] = n_gt
-        out[N_LT] = n_lt
         out[SUM_EB] = s_eb
         out[MAX_ULP] = m_ulp
         out[SUM_ULP] = s_ulp
@@ -542,7 +540,7 @@ def _argmax_in(a, g, lo, hi, eps_cann):
     return i_d, i_r
 
 
-_SUMS = (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, SUM_SQ, DOT, AA, GG, N_GT, N_LT, SUM_EB,
+_SUMS = (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, SUM_SQ, DOT, AA, GG, SUM_EB,
          SUM_ULP, N_ULP1, N_ULP32, N_SMALL, N_SMALL_BAD, N_OK_1E2, N_OK_1E3, N_OK_1E4,
          N_REL_BAD, N_V2, N_CASE, N_ZERO_G_BAD, N_SHRINK, N_GROW)
 _MAXES = (MAX_ABS, MAX_REL_CANN, MAX_ULP, MAX_REL, MAX_TOL)
@@ -563,7 +561,9 @@ def _combine(parts: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _finish(acc: np.ndarray, atol: float, rtol: float) -> Metrics:
+def _finish(acc: np.ndarray, atol: float, rtol: float, eb: float) -> Metrics:
+    """The metrics from the combined slots; ``eb``: msprobe's error balance, counted
+    against the golden cast to msprobe's dtype (EB_GT / EB_LT and _eb_range)."""
     n = int(acc[N])
     normal = n - int(acc[N_SMALL])
     nn = max(n, 1)
@@ -582,7 +582,7 @@ def _finish(acc: np.ndarray, atol: float, rtol: float) -> Metrics:
         max_rel=float(acc[MAX_REL]),
         rmse=math.sqrt(acc[SUM_SQ] / nn),
         cosine=cosine,
-        eb=float(abs(acc[N_GT] - acc[N_LT]) / nn),
+        eb=eb,
         eb_mean=float(abs(acc[SUM_EB]) / nn),
         mag_bias=float((acc[N_SHRINK] - acc[N_GROW]) / max(acc[N_SHRINK] + acc[N_GROW], 1.0)),
         ulp_max=float(acc[MAX_ULP]),
@@ -818,12 +818,11 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
             eb_f[1] += int(eb_blocks[:, 3].sum())
     combined = _combine(np.concatenate(acc_a) if acc_a else _EMPTY)
     _locate_argmax(combined, best, a, g, c, total)
-    m_a = replace(_finish(combined, atol, rtol),
-                  eb=abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
+    m_a = _finish(combined, atol, rtol, abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
     m_f = None
     if floor:
-        m_f = replace(_finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol),
-                      eb=abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
+        m_f = _finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol,
+                      abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
     histogram = None
     if hist:
         histogram = {"actual": _hist_dict(hists[0])}
