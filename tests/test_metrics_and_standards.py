@@ -67,6 +67,29 @@ def test_nan_inf_placement():
     assert not ok and "NaN/Inf placement" in why
 
 
+@pytest.mark.parametrize("where", ["actual", "golden"])
+def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
+    """A block without NaN / Inf takes the pass's clean variant, which only notes one and
+    hands the block to the full variant: one NaN or Inf at a block's first or last element,
+    or in the tail, must still be a placement mismatch, and leave every other element's
+    figures as NumPy computes them without it."""
+    n = 2 * metrics.BLOCK + 77
+    gen = torch.Generator().manual_seed(3)
+    g = torch.randn(n, generator=gen, dtype=torch.float64)
+    a = (g * (1 + 1e-4 * torch.randn(n, generator=gen, dtype=torch.float64))).to(torch.float32)
+    for pos in (0, metrics.BLOCK - 1, metrics.BLOCK, 2 * metrics.BLOCK + 5, n - 1):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            aa, gg = a.clone(), g.clone()
+            (aa if where == "actual" else gg)[pos] = bad
+            m = metrics.measure(aa, gg)
+            keep = np.ones(n, dtype=bool)
+            keep[pos] = False
+            d = np.abs(aa.numpy()[keep].astype(np.float64) - gg.numpy()[keep])
+            assert m.nan_inf_mismatch == 1 and m.n == n - 1, (pos, bad)
+            assert m.max_abs == d.max(), (pos, bad)
+            assert m.rmse == pytest.approx(math.sqrt((d ** 2).mean()), rel=1e-12), (pos, bad)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_error_balance_counts_nan_and_inf_as_numpy_compares_them(dtype):
     """msprobe's EB compares the output with the golden cast to its NumPy dtype as NumPy
