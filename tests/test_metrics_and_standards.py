@@ -67,6 +67,31 @@ def test_nan_inf_placement():
     assert not ok and "NaN/Inf placement" in why
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_clean_and_full_block_passes_agree_to_the_bit(dtype):
+    """A clean block may go through either variant of the block pass (after a block with
+    NaN / Inf the full one runs): on finite data both give every slot and every kept
+    error bit for bit, zeros, subnormals and huge values included."""
+    n = metrics.BLOCK - 3  # a vector tail too
+    gen = torch.Generator().manual_seed(11)
+    g = torch.randn(n, generator=gen, dtype=torch.float64)
+    g[:50] = 0.0
+    g[50:100] = 1e-310
+    g[100:150] *= 1e30
+    a = (g * (1 + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
+    a_np = a.to(torch.float32).numpy() if dtype == torch.bfloat16 else a.numpy()
+    abits, aexp, aman = metrics._bits_of(a_np)
+    g_np = g.numpy()
+    c = metrics._constants(dtype, 1e-5, 1e-5)
+    got = []
+    for variant in (metrics._clean_block, metrics._block):
+        out = np.zeros(metrics.N_SLOTS)
+        rels, tols = np.zeros(n), np.zeros(n)
+        variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out, rels, tols)
+        got.append(np.concatenate([out, rels, tols]).view(np.int64))
+    assert (got[0] == got[1]).all()
+
+
 @pytest.mark.parametrize("where", ["actual", "golden"])
 def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
     """A block without NaN / Inf takes the pass's clean variant, which only notes one and

@@ -461,41 +461,51 @@ def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist,
     n_threads = scratch.shape[0]
     n_blocks = out.shape[0]
     for t in prange(n_threads):
+        # a block after one with NaN / Inf goes straight to the full variant: where they
+        # are spread through a tensor, the clean try would be paid for in every block
+        try_clean = True
         for b in range(t, n_blocks, n_threads):
-            _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
-                        cells, base, t1, t2, heat, where, starts, ends, scratch[t],
-                        flagged_of[t], b, n, floor, counts, heats, same_format)
+            try_clean = _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f,
+                                    hist, eb, cells, base, t1, t2, heat, where, starts, ends,
+                                    scratch[t], flagged_of[t], b, n, floor, counts, heats,
+                                    same_format, try_clean)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, keep_tols,
-                   keep_rels):
+                   keep_rels, try_clean):
     """The block pass of a[lo:hi] against g[lo:hi] that keeps the errors asked for: the
-    clean variant first, and the full one again only when the block holds NaN / Inf."""
+    clean variant first (``try_clean``), and the full one when the block holds NaN / Inf
+    (both give the same figures on a clean block). True when the block was clean."""
+    full = not try_clean
     if keep_tols:
-        if _clean_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+        if full or _clean_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
             _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols)
     elif keep_rels:
-        if _clean_block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+        if full or _clean_block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels,
+                                     tols):
             _block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols)
-    elif _clean_block_metrics(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+    elif full or _clean_block_metrics(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels,
+                                      tols):
         _block_metrics(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols)
+    return out[NONFINITE_BAD] == 0.0 and out[SPECIAL_EQ] == 0.0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
                 base, t1, t2, heat, where, starts, ends, buffers, flagged, b, n, floor, counts,
-                heats, same_format):
+                heats, same_format, try_clean):
     """Block ``b`` of _pair_blocks, in one thread's buffers (rels, tols, the rounded
-    golden, msprobe's cast golden; the histogram's flagged elements)."""
+    golden, msprobe's cast golden; the histogram's flagged elements). True when the
+    kernel's block held no NaN / Inf (the next block then tries the clean variant)."""
     first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
     lo = b * BLOCK
     hi = min(lo + BLOCK, n)
     rels = buffers[0, :hi - lo]
     tols = buffers[1, :hi - lo]
     cast = buffers[3, :hi - lo]
-    _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols,
-                   heats and by_tol, heats or counts)
+    clean = _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols,
+                           heats and by_tol, heats or counts, try_clean)
     if heats:
         _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
                     heat[b])
@@ -514,11 +524,12 @@ def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, 
     if floor:
         gb = g[lo:hi]
         _measure_block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
-                       hi - lo, c, out_f[b], rels, tols, False, counts)
+                       hi - lo, c, out_f[b], rels, tols, False, counts, clean)
         if counts:
             _count_rels(rels, r, gb, 0, cells, base, t1, t2, flagged, hist[b, 1])
         if not same_format:
             _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], eb[b, 2:4], cast)
+    return clean
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
