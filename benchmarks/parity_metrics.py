@@ -78,6 +78,21 @@ def _bits(x):
     return x
 
 
+def _fields_apart(got, ref) -> list[str]:
+    """The fields of one pair's result that differ, as part.field (metrics, floor,
+    histogram, heatmap)."""
+    out = []
+    for part, x, y in zip(("metrics", "floor", "histogram", "heatmap"), got, ref):
+        if x == y:
+            continue
+        if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == len(y) \
+                and all(isinstance(v, tuple) and len(v) == 2 for v in x + y):
+            out += [f"{part}.{u[0]}" for u, v in zip(x, y) if u != v]
+        else:
+            out.append(part)
+    return out
+
+
 def results() -> list:
     out = []
     for k in range(240):
@@ -100,7 +115,7 @@ def main(argv: list[str]) -> int:
         ref = pickle.load(f)
     bad = [k for k, (x, y) in enumerate(zip(got, ref)) if x != y]
     for k in bad:
-        print(f"pair {k} differs: {_pair(k)[2]}")
+        print(f"pair {k} differs: {_pair(k)[2]}: {', '.join(_fields_apart(got[k], ref[k]))}")
     print(f"{len(got) - len(bad)}/{len(got)} pairs equal to the last bit")
     return 1 if bad else 0
 
