@@ -261,7 +261,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
         out[MAX_G] = m_g
         out[ARG_ABS] = -1.0
         out[ARG_REL] = -1.0
-        return seen == 0  # clean: the block held NaN / Inf after all
+        return seen == 0  # clean variant: the block held NaN / Inf after all (full: False)
 
     return _block
 
@@ -523,6 +523,7 @@ def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, 
         _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb[b, 0:2], cast)
     if floor:
         gb = g[lo:hi]
+        # the rounded golden is NaN / Inf where the golden is: the kernel's block tells
         _measure_block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
                        hi - lo, c, out_f[b], rels, tols, False, counts, clean)
         if counts:
@@ -829,11 +830,11 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
             eb_f[1] += int(eb_blocks[:, 3].sum())
     combined = _combine(np.concatenate(acc_a) if acc_a else _EMPTY)
     _locate_argmax(combined, best, a, g, c, total)
-    m_a = _finish(combined, atol, rtol, abs(eb_a[0] - eb_a[1]) / total if total else 0.0)
+    m_a = _finish(combined, atol, rtol, _eb_ratio(eb_a, total))
     m_f = None
     if floor:
         m_f = _finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol,
-                      abs(eb_f[0] - eb_f[1]) / total if total else 0.0)
+                      _eb_ratio(eb_f, total))
     histogram = None
     if hist:
         histogram = {"actual": _hist_dict(hists[0])}
@@ -845,6 +846,11 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
                    "grid": three_digits(grid),
                    "measure": "d/(atol+rtol|g|)" if heat == "tol" else "d/(|g|+1e-7)"}
     return Measured(m_a, m_f, histogram, heatmap)
+
+
+def _eb_ratio(counts: list[int], total: int) -> float:
+    """msprobe's error balance from its counts: |#(a > g') - #(a < g')| / n."""
+    return abs(counts[0] - counts[1]) / total if total else 0.0
 
 
 def _pool_windows(length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
