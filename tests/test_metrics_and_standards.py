@@ -83,13 +83,18 @@ def test_the_clean_and_full_block_passes_agree_to_the_bit(dtype):
     abits, aexp, aman = metrics._bits_of(a_np)
     g_np = g.numpy()
     c = metrics._constants(dtype, 1e-5, 1e-5)
-    got = []
-    for variant in (metrics._clean_block, metrics._block):
-        out = np.zeros(metrics.N_SLOTS)
-        rels, tols = np.zeros(n), np.zeros(n)
-        variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out, rels, tols)
-        got.append(np.concatenate([out, rels, tols]).view(np.int64))
-    assert (got[0] == got[1]).all()
+    for pair in ((metrics._clean_block_tols, metrics._block_tols),
+                 (metrics._clean_block_rels, metrics._block_rels)):
+        got = []
+        for variant in pair:
+            out = np.zeros(metrics.N_SLOTS)
+            rels, tols = np.zeros(n), np.zeros(n)
+            cells = np.zeros(n, dtype=np.uint32)
+            variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out, rels,
+                    tols, cells)
+            got.append(np.concatenate([out, rels, tols, cells.astype(np.float64)]
+                                      ).view(np.int64))
+        assert (got[0] == got[1]).all()
 
 
 @pytest.mark.parametrize("where", ["actual", "golden"])

@@ -112,23 +112,29 @@ FLAG = 0xFF  # a table cell that holds a bin edge: its elements are binned exact
 ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
 CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells, 512 KiB, of
 # which a block touches the few lines its errors fall in
+ZERO_CELL = 0x7FF << CELL_BITS  # the cell an error of 0 is given (one of Inf / NaN's, which
+# no kept error reaches: they are clamped to 1e300), so the count needs no test for 0
 
 
-def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
+def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
-    both (a heat map of allclose's measure beside the histogram), the relative errors
-    alone (the histogram and its heat map), none (metrics alone): each store of a
-    block's errors was a tenth of its time. ``clean``: the variant for a block without
+    the relative errors (``keep_rels``, a heat map of them) or allclose's measure
+    (``keep_tols``, a heat map of that), and each relative error's histogram table cell
+    (``keep_cells``, for the histogram's count, which then reads 4 bytes an element and
+    looks up one table: from the errors themselves it was half as fast again); none for
+    metrics alone. Each store of a block's errors was a tenth of its time. ``clean``: the
+    variant for a block without
     NaN or Inf, which only notes whether it saw one (the caller then runs the full
     variant): the masks that keep NaN / Inf out of the arithmetic were a fifth of the
     pass. On a clean block both variants do the same arithmetic on the same values."""
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-    def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
+    def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
         """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out, and
-        each element's relative error d / (|g| + 1e-7) (``keep_rels``) and allclose's
-        d / (atol + rtol |g|) (``keep_tols``) into rels and tols [0:hi-lo], for the
-        histogram and the heat map."""
+        each element's relative error d / (|g| + 1e-7) (``keep_rels``), allclose's
+        d / (atol + rtol |g|) (``keep_tols``) and its relative error's table cell
+        (``keep_cells``) into rels, tols and cells [0:hi-lo], for the heat map and the
+        histogram."""
         eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
         small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
         mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
@@ -224,8 +230,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
             # place is no error (0), any other non-finite pair the largest (1e300), as is any
             # error beyond it
             special = 0.0 if eq_special > 0.5 else 1e300
+            kept = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
             if keep_rels:  # constants of the closure: a variant without stores has none
-                rels[np.uint64(j - lo)] = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
+                rels[np.uint64(j - lo)] = kept
+            if keep_cells:  # the table cell: exponent and top significand bits, 0 its own
+                cells[np.uint64(j - lo)] = np.uint32(_bits_f64(kept) >> (52 - CELL_BITS)) \
+                    if kept > 0.0 else np.uint32(ZERO_CELL)
             if keep_tols:
                 tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
         out[N] = n
@@ -266,12 +276,16 @@ def _make_block(keep_rels: bool, keep_tols: bool, clean: bool = False):
     return _block
 
 
-_block = _make_block(True, True)
-_block_rels = _make_block(True, False)
-_block_metrics = _make_block(False, False)
-_clean_block = _make_block(True, True, clean=True)
-_clean_block_rels = _make_block(True, False, clean=True)
-_clean_block_metrics = _make_block(False, False, clean=True)
+# the variants in use: the kernel's with its heat map of allclose's measure or of the
+# relative error, or without one; the floor's (cells only); metrics alone
+_block_tols = _make_block(False, True, True)
+_block_rels = _make_block(True, False, True)
+_block_cells = _make_block(False, False, True)
+_block_metrics = _make_block(False, False, False)
+_clean_block_tols = _make_block(False, True, True, clean=True)
+_clean_block_rels = _make_block(True, False, True, clean=True)
+_clean_block_cells = _make_block(False, False, True, clean=True)
+_clean_block_metrics = _make_block(False, False, False, clean=True)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -411,21 +425,16 @@ def _exact_code(av, gv, base, t1, t2):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _count_rels(rels, x, g, lo, cells, base, t1, t2, flagged, out):
-    """Adds the histogram of one block's relative errors (rels[j] of x[lo + j] against
-    g[lo + j]: >= 0 and finite) to out (histbins: the bins, then zero, under, over). The
-    bin of each is a table cell's, looked up by its exponent and top CELL_BITS
-    significand bits; an element whose cell holds a bin edge (or touches one) is binned
-    exactly from the element itself (_exact_code), afterwards."""
-    m = rels.shape[0]
+def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out):
+    """Adds the histogram of one block's relative errors to out (histbins: the bins, then
+    zero, under, over), from their table cells (kept[j] for x[lo + j] against g[lo + j],
+    as the block pass keeps them): the bin of each is its cell's; an element whose cell
+    holds a bin edge (or touches one) is binned exactly from the element itself
+    (_exact_code), afterwards."""
     quad = np.zeros(4 * 256, dtype=np.int64)  # four sets: equal codes do not queue
     n_flagged = 0
-    shift = np.int64(52 - CELL_BITS)
-    for j in range(m):
-        i = np.uint64(j)
-        r = rels[i]
-        code = np.int64(cells[np.uint64(_bits_f64(r) >> shift)])
-        code = code if r > 0.0 else np.int64(ZERO_CODE)
+    for j in range(kept.shape[0]):
+        code = np.int64(table[np.uint64(kept[np.uint64(j)])])
         quad[np.uint64((j & 3) * 256 + code)] += 1
         if code == FLAG:  # rare (under 1% of the elements of a rounding's errors)
             flagged[np.uint64(n_flagged)] = j
@@ -444,7 +453,8 @@ def _count_rels(rels, x, g, lo, cells, base, t1, t2, flagged, out):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
-                 cells, base, t1, t2, heat, where, starts, ends, scratch, flagged_of):
+                 cells, base, t1, t2, heat, where, starts, ends, scratch, cells_of,
+                 flagged_of):
     """Per block: the kernel's metrics and error balance counts, then (out_f not empty)
     the golden rounded to the output dtype and its metrics and counts, then (hist not
     empty) both histograms and (heat not empty) the kernel's heat map, all while the
@@ -467,50 +477,54 @@ def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist,
         for b in range(t, n_blocks, n_threads):
             try_clean = _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f,
                                     hist, eb, cells, base, t1, t2, heat, where, starts, ends,
-                                    scratch[t], flagged_of[t], b, n, floor, counts, heats,
-                                    same_format, try_clean)
+                                    scratch[t], cells_of[t], flagged_of[t], b, n, floor,
+                                    counts, heats, same_format, try_clean)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, keep_tols,
-                   keep_rels, try_clean):
+def _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, kept_cells,
+                   keep_tols, keep_rels, keep_cells, try_clean):
     """The block pass of a[lo:hi] against g[lo:hi] that keeps the errors asked for: the
     clean variant first (``try_clean``), and the full one when the block holds NaN / Inf
     (both give the same figures on a clean block). True when the block was clean."""
     full = not try_clean
+    args = (a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, kept_cells)
     if keep_tols:
-        if full or _clean_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols):
-            _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols)
+        if full or _clean_block_tols(*args):
+            _block_tols(*args)
     elif keep_rels:
-        if full or _clean_block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels,
-                                     tols):
-            _block_rels(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols)
-    elif full or _clean_block_metrics(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels,
-                                      tols):
-        _block_metrics(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols)
+        if full or _clean_block_rels(*args):
+            _block_rels(*args)
+    elif keep_cells:
+        if full or _clean_block_cells(*args):
+            _block_cells(*args)
+    elif full or _clean_block_metrics(*args):
+        _block_metrics(*args)
     return out[NONFINITE_BAD] == 0.0 and out[SPECIAL_EQ] == 0.0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
-                base, t1, t2, heat, where, starts, ends, buffers, flagged, b, n, floor, counts,
-                heats, same_format, try_clean):
+                base, t1, t2, heat, where, starts, ends, buffers, kept_cells, flagged, b, n,
+                floor, counts, heats, same_format, try_clean):
     """Block ``b`` of _pair_blocks, in one thread's buffers (rels, tols, the rounded
-    golden, msprobe's cast golden; the histogram's flagged elements). True when the
-    kernel's block held no NaN / Inf (the next block then tries the clean variant)."""
+    golden, msprobe's cast golden; the errors' histogram table cells and the histogram's
+    flagged elements). True when the kernel's block held no NaN / Inf (the next block
+    then tries the clean variant)."""
     first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
     lo = b * BLOCK
     hi = min(lo + BLOCK, n)
     rels = buffers[0, :hi - lo]
     tols = buffers[1, :hi - lo]
     cast = buffers[3, :hi - lo]
+    kept = kept_cells[:hi - lo]
     clean = _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols,
-                           heats and by_tol, heats or counts, try_clean)
+                           kept, heats and by_tol, heats and not by_tol, counts, try_clean)
     if heats:
         _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
                     heat[b])
     if counts:
-        _count_rels(rels, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0])
+        _count_cells(kept, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0])
     r = buffers[2, :hi - lo]
     if floor:
         if rp[0] == 24.0:  # float32: the hardware's conversion rounds once, to nearest
@@ -525,9 +539,9 @@ def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, 
         gb = g[lo:hi]
         # the rounded golden is NaN / Inf where the golden is: the kernel's block tells
         _measure_block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
-                       hi - lo, c, out_f[b], rels, tols, False, counts, clean)
+                       hi - lo, c, out_f[b], rels, tols, kept, False, False, counts, clean)
         if counts:
-            _count_rels(rels, r, gb, 0, cells, base, t1, t2, flagged, hist[b, 1])
+            _count_cells(kept, r, gb, 0, cells, base, t1, t2, flagged, hist[b, 1])
         if not same_format:
             _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], eb[b, 2:4], cast)
     return clean
@@ -687,6 +701,7 @@ def _cell_table() -> np.ndarray:
     boundary = hi[:-1] != lo[1:]  # an edge where one cell ends and the next begins
     cells[np.r_[False, boundary] | np.r_[boundary, False]] = FLAG
     cells[field == 2047] = OVER_CODE  # inf / NaN bit patterns: never stored (clamped)
+    cells[ZERO_CELL] = ZERO_CODE  # but one of them is an error of 0's cell
     return cells.astype(np.uint8)
 
 
@@ -796,6 +811,7 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     width = min(BLOCK, max(total, 1))
     scratch = np.empty((n_threads, 4, width))
     flagged = np.empty((n_threads, width), dtype=np.int64)
+    kept_cells = np.empty((n_threads, width), dtype=np.uint32)
     upcast = torch.empty(min(CHUNK, total), dtype=torch.float32) \
         if a.dtype not in (torch.float32, torch.float64) else None
     for start in range(0, total, CHUNK):
@@ -812,7 +828,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         where = np.array([start, rows, cols, heat == "tol"], dtype=np.int64)
         _pair_blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb,
                      parts, parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1,
-                     _HIST_T2, heat_blocks, where, starts, ends, scratch, flagged)
+                     _HIST_T2, heat_blocks, where, starts, ends, scratch, kept_cells,
+                     flagged)
         if heat:
             np.maximum(grid, heat_blocks.max(axis=0), out=grid)
         acc_a.append(parts)
