@@ -147,6 +147,35 @@ def test_error_balance_counts_nan_and_inf_as_numpy_compares_them(dtype):
         assert f.eb == abs(int((r > cast).sum()) - int((r < cast).sum())) / n
 
 
+def test_fp16_error_balance_in_the_pass_is_numpy_s_at_every_rounding_tie():
+    """For fp16 outputs the pass counts msprobe's EB against the golden cast to half on
+    its own (to float32 to odd, then to half): goldens at every half value, every midpoint
+    between two (the ties) and one float64 ulp either side of it, subnormal halves, and
+    goldens past half's largest value in a block of their own (counted exactly), give
+    NumPy's float16 cast's counts."""
+    halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    v = halves.view(torch.float16).to(torch.float64).numpy()
+    v = np.unique(v[np.isfinite(v)])
+    mids = (v[:-1] + v[1:]) / 2
+    g = np.concatenate([v, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf)])
+    gen = torch.Generator().manual_seed(2)
+    g = g[torch.randperm(len(g), generator=gen).numpy()]
+    n = (len(g) // metrics.BLOCK) * metrics.BLOCK
+    g = np.concatenate([g[:n], [65504.0, 65519.0, 65520.0, 1e5, -7e4] * 20])  # a tail block
+    gt = torch.from_numpy(g)
+    for noise in (0.0, 1e-3):
+        a = (gt * (1 + noise * torch.randn(len(g), generator=gen, dtype=torch.float64))
+             ).to(torch.float16)
+        with np.errstate(over="ignore"):
+            cast = g.astype(np.float16).astype(np.float64)
+        a64 = a.to(torch.float64).numpy()
+        want = abs(int((a64 > cast).sum()) - int((a64 < cast).sum())) / len(g)
+        assert want > 0 or noise == 0.0
+        for floor in (False, True):  # without its floor and with it (the floor is the cast)
+            m = metrics.measure_pair(a, gt, floor=floor)[0]
+            assert m.eb == want, (noise, floor)
+
+
 def test_ulp_of_one_fp16_step():
     g = torch.tensor([1.0, 1024.0], dtype=torch.float64)
     a = torch.tensor([1.0 + 2 ** -10, 1025.0], dtype=torch.float16)

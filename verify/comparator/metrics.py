@@ -108,6 +108,30 @@ def _bits_f64(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def _bits_f32(typingctx, x):
+    """The IEEE bits of a float32, as int32."""
+    sig = types.int32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _half_of_bits(typingctx, bits):
+    """The float32 of IEEE bits ``bits`` (int32) rounded to IEEE half (the hardware's
+    conversion: to nearest, ties to even, subnormals, overflow to inf), as float64."""
+    sig = types.float64(types.int32)
+
+    def codegen(context, builder, signature, args):
+        f = builder.bitcast(args[0], ir.FloatType())
+        return builder.fpext(builder.fptrunc(f, ir.HalfType()), ir.DoubleType())
+
+    return sig, codegen
+
+
 FLAG = 0xFF  # a table cell that holds a bin edge: its elements are binned exactly
 ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
 CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells, 512 KiB, of
@@ -116,7 +140,8 @@ ZERO_CELL = 0x7FF << CELL_BITS  # the cell an error of 0 is given (one of Inf / 
 # no kept error reaches: they are clamped to 1e300), so the count needs no test for 0
 
 
-def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool = False):
+def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool = False,
+                eb_half: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
     (``keep_tols``, a heat map of that), and each relative error's histogram table cell
@@ -126,7 +151,10 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool 
     variant for a block without
     NaN or Inf, which only notes whether it saw one (the caller then runs the full
     variant): the masks that keep NaN / Inf out of the arithmetic were a fifth of the
-    pass. On a clean block both variants do the same arithmetic on the same values."""
+    pass. On a clean block both variants do the same arithmetic on the same values.
+    ``eb_half``: msprobe's error balance against the golden cast to IEEE half (fp16
+    outputs) rather than float32; its own pass over the golden was a third of an fp16
+    compare."""
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
@@ -182,9 +210,15 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool 
             aa += av * av
             gg += gv * gv
             # msprobe's error balance against the golden cast to float32 (its NumPy dtype
-            # for fp32 and bf16 outputs), for finite pairs; a block with any NaN / Inf pair
-            # or a golden beyond float32's range is counted again exactly (_eb_range)
-            cast = np.float64(np.float32(gv))
+            # for fp32 and bf16 outputs) or to half (fp16), for finite pairs; a block with
+            # any NaN / Inf pair or a golden beyond the cast's range is counted again
+            # exactly (_eb_range)
+            g32 = np.float32(gv)
+            cast = np.float64(g32)
+            if eb_half:  # to float32 to odd, then to half: the once-rounded half (Boldo
+                # and Melquiond: float32 has two bits more than half in each binade of it)
+                odd = _bits_f32(g32) - (np.int32(1) if abs(cast) > ag else np.int32(0))
+                cast = _half_of_bits(odd | (np.int32(1) if cast != gv else np.int32(0)))
             eb_gt += f * (1.0 if av > cast else 0.0)
             eb_lt += f * (1.0 if av < cast else 0.0)
             m_g = _fmax(m_g, ag)
@@ -286,6 +320,15 @@ _clean_block_tols = _make_block(False, True, True, clean=True)
 _clean_block_rels = _make_block(True, False, True, clean=True)
 _clean_block_cells = _make_block(False, False, True, clean=True)
 _clean_block_metrics = _make_block(False, False, False, clean=True)
+# and for fp16 outputs, whose error balance is against the golden cast to half
+_half_block_tols = _make_block(False, True, True, eb_half=True)
+_half_block_rels = _make_block(True, False, True, eb_half=True)
+_half_block_cells = _make_block(False, False, True, eb_half=True)
+_half_block_metrics = _make_block(False, False, False, eb_half=True)
+_clean_half_block_tols = _make_block(False, True, True, clean=True, eb_half=True)
+_clean_half_block_rels = _make_block(True, False, True, clean=True, eb_half=True)
+_clean_half_block_cells = _make_block(False, False, True, clean=True, eb_half=True)
+_clean_half_block_metrics = _make_block(False, False, False, clean=True, eb_half=True)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -391,14 +434,19 @@ def _eb_range(x, g, gbits, lo, hi, rp, out, cast):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, out, cast):
+def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, half_counts, out, cast, rounded):
     """The error balance counts of a block: the block pass's own (``counts``, against
-    float32(g)) where msprobe's dtype is float32 and every pair is finite with the golden
-    inside float32's range, else counted exactly here (_eb_range)."""
-    if rp_eb[0] == 24.0 and counts[NONFINITE_BAD] == 0.0 and counts[SPECIAL_EQ] == 0.0 \
-            and counts[MAX_G] <= _FLT_MAX:
+    float32(g), or half(g) when ``half_counts``) where msprobe's dtype is that cast's and
+    every pair is finite with the golden inside its range; else against ``rounded`` (the
+    golden already rounded to msprobe's dtype, when not empty), else counted exactly here
+    (_eb_range)."""
+    clean = counts[NONFINITE_BAD] == 0.0 and counts[SPECIAL_EQ] == 0.0
+    if clean and ((rp_eb[0] == 24.0 and not half_counts and counts[MAX_G] <= _FLT_MAX)
+                  or (rp_eb[0] == 11.0 and half_counts and counts[MAX_G] <= 65504.0)):
         out[0] += np.int64(counts[EB_GT])
         out[1] += np.int64(counts[EB_LT])
+    elif rounded.shape[0] > 0:
+        _eb_against(x, rounded, out)
     else:
         _eb_range(x, g, gbits, lo, hi, rp_eb, out, cast)
 
@@ -483,13 +531,26 @@ def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist,
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, kept_cells,
-                   keep_tols, keep_rels, keep_cells, try_clean):
+                   keep_tols, keep_rels, keep_cells, try_clean, eb_half):
     """The block pass of a[lo:hi] against g[lo:hi] that keeps the errors asked for: the
     clean variant first (``try_clean``), and the full one when the block holds NaN / Inf
-    (both give the same figures on a clean block). True when the block was clean."""
+    (both give the same figures on a clean block); ``eb_half``: its error balance counts
+    against half(g). True when the block was clean."""
     full = not try_clean
     args = (a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, kept_cells)
-    if keep_tols:
+    if eb_half:
+        if keep_tols:
+            if full or _clean_half_block_tols(*args):
+                _half_block_tols(*args)
+        elif keep_rels:
+            if full or _clean_half_block_rels(*args):
+                _half_block_rels(*args)
+        elif keep_cells:
+            if full or _clean_half_block_cells(*args):
+                _half_block_cells(*args)
+        elif full or _clean_half_block_metrics(*args):
+            _half_block_metrics(*args)
+    elif keep_tols:
         if full or _clean_block_tols(*args):
             _block_tols(*args)
     elif keep_rels:
@@ -518,8 +579,10 @@ def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, 
     tols = buffers[1, :hi - lo]
     cast = buffers[3, :hi - lo]
     kept = kept_cells[:hi - lo]
+    eb_half = rp_eb[0] == 11.0  # fp16: msprobe casts the golden to half
     clean = _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols,
-                           kept, heats and by_tol, heats and not by_tol, counts, try_clean)
+                           kept, heats and by_tol, heats and not by_tol, counts, try_clean,
+                           eb_half)
     if heats:
         _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
                     heat[b])
@@ -531,19 +594,22 @@ def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, 
             _to_f32_range(g, lo, hi, r)
         else:
             _round_range(g, gbits, lo, hi, rp, r)
-    if floor and same_format and rp_eb[0] != 24.0:  # fp16: the floor is msprobe's cast
-        _eb_against(a[lo:hi], r, eb[b, 0:2])
-    else:
-        _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb[b, 0:2], cast)
+    # fp16 with its floor: the rounded golden is msprobe's cast, where the block's own
+    # counts cannot be taken
+    rounded = r if floor and same_format and rp_eb[0] != 24.0 else r[:0]
+    _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb_half, eb[b, 0:2], cast,
+                 rounded)
     if floor:
         gb = g[lo:hi]
         # the rounded golden is NaN / Inf where the golden is: the kernel's block tells
         _measure_block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
-                       hi - lo, c, out_f[b], rels, tols, kept, False, False, counts, clean)
+                       hi - lo, c, out_f[b], rels, tols, kept, False, False, counts, clean,
+                       False)
         if counts:
             _count_cells(kept, r, gb, 0, cells, base, t1, t2, flagged, hist[b, 1])
         if not same_format:
-            _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], eb[b, 2:4], cast)
+            _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], False, eb[b, 2:4], cast,
+                         r[:0])
     return clean
 
 
