@@ -27,6 +27,7 @@ Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import NamedTuple
@@ -310,8 +311,11 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool 
     return _block
 
 
-# the variants in use: the kernel's with its heat map of allclose's measure or of the
-# relative error, or without one; the floor's (cells only); metrics alone
+# the variants in use (each compiled when first called): the kernel's with a heat map of
+# allclose's measure or of the relative error, with the histogram alone, and metrics
+# alone; the floor's (the histogram's cells, or nothing); and the kernel's for fp16,
+# whose error balance is against the golden cast to half. Module globals, so that a pass
+# calling them is cached (numba caches no function that holds a compiled one in a closure)
 _block_tols = _make_block(False, True, True)
 _block_rels = _make_block(True, False, True)
 _block_cells = _make_block(False, False, True)
@@ -320,7 +324,6 @@ _clean_block_tols = _make_block(False, True, True, clean=True)
 _clean_block_rels = _make_block(True, False, True, clean=True)
 _clean_block_cells = _make_block(False, False, True, clean=True)
 _clean_block_metrics = _make_block(False, False, False, clean=True)
-# and for fp16 outputs, whose error balance is against the golden cast to half
 _half_block_tols = _make_block(False, True, True, eb_half=True)
 _half_block_rels = _make_block(True, False, True, eb_half=True)
 _half_block_cells = _make_block(False, False, True, eb_half=True)
@@ -329,6 +332,15 @@ _clean_half_block_tols = _make_block(False, True, True, clean=True, eb_half=True
 _clean_half_block_rels = _make_block(True, False, True, clean=True, eb_half=True)
 _clean_half_block_cells = _make_block(False, False, True, clean=True, eb_half=True)
 _clean_half_block_metrics = _make_block(False, False, False, clean=True, eb_half=True)
+
+
+def block_variants(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool = False):
+    """The (clean, full) variants of the block pass that keep those errors."""
+    name = {(False, True, True): "tols", (True, False, True): "rels",
+            (False, False, True): "cells", (False, False, False): "metrics"}[
+        (keep_rels, keep_tols, keep_cells)]
+    half = "half_" if eb_half else ""
+    return globals()[f"_clean_{half}block_{name}"], globals()[f"_{half}block_{name}"]
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -499,118 +511,119 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out):
     out[N_BINS_ + 2] += counts[OVER_CODE]
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def _pair_blocks(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb,
-                 cells, base, t1, t2, heat, where, starts, ends, scratch, cells_of,
-                 flagged_of):
-    """Per block: the kernel's metrics and error balance counts, then (out_f not empty)
-    the golden rounded to the output dtype and its metrics and counts, then (hist not
-    empty) both histograms and (heat not empty) the kernel's heat map, all while the
-    block is in cache. eb[b] holds the kernel's counts (0, 1) and the floor's (2, 3).
-    where: the chunk's first element, the tensor's rows and columns, and 1 when the heat
-    map shows allclose's d / (atol + rtol |g|) rather than the relative error."""
-    n = a.shape[0]
-    floor = out_f.shape[0] > 0
-    counts = hist.shape[0] > 0
-    heats = heat.shape[0] > 0
-    same_format = rp[0] == rp_eb[0]  # the floor is exactly the golden cast for msprobe
-    # each thread walks every n_threads-th block with buffers of its own, made once per
-    # call: a fresh 512 KiB array per block was a fresh mapping, paid for in page faults
-    n_threads = scratch.shape[0]
-    n_blocks = out.shape[0]
-    for t in prange(n_threads):
-        # a block after one with NaN / Inf goes straight to the full variant: where they
-        # are spread through a tensor, the clean try would be paid for in every block
-        try_clean = True
-        for b in range(t, n_blocks, n_threads):
-            try_clean = _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f,
-                                    hist, eb, cells, base, t1, t2, heat, where, starts, ends,
-                                    scratch[t], cells_of[t], flagged_of[t], b, n, floor,
-                                    counts, heats, same_format, try_clean)
+# what the kernel's block pass keeps (rels, tols, cells), by what the caller asks for
+KEEP = {"tol": (False, True, True), "rel": (True, False, True), "hist": (False, False, True),
+        "none": (False, False, False)}
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, kept_cells,
-                   keep_tols, keep_rels, keep_cells, try_clean, eb_half):
-    """The block pass of a[lo:hi] against g[lo:hi] that keeps the errors asked for: the
-    clean variant first (``try_clean``), and the full one when the block holds NaN / Inf
-    (both give the same figures on a clean block); ``eb_half``: its error balance counts
-    against half(g). True when the block was clean."""
-    full = not try_clean
-    args = (a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, kept_cells)
-    if eb_half:
-        if keep_tols:
-            if full or _clean_half_block_tols(*args):
-                _half_block_tols(*args)
-        elif keep_rels:
-            if full or _clean_half_block_rels(*args):
-                _half_block_rels(*args)
-        elif keep_cells:
-            if full or _clean_half_block_cells(*args):
-                _half_block_cells(*args)
-        elif full or _clean_half_block_metrics(*args):
-            _half_block_metrics(*args)
-    elif keep_tols:
-        if full or _clean_block_tols(*args):
-            _block_tols(*args)
-    elif keep_rels:
-        if full or _clean_block_rels(*args):
-            _block_rels(*args)
-    elif keep_cells:
-        if full or _clean_block_cells(*args):
-            _block_cells(*args)
-    elif full or _clean_block_metrics(*args):
-        _block_metrics(*args)
-    return out[NONFINITE_BAD] == 0.0 and out[SPECIAL_EQ] == 0.0
+@functools.cache
+def _make_pass(kernel: str, eb_half: bool):
+    """The whole pass over a chunk, compiled per set of the kernel's kept errors
+    (``kernel``, a KEEP key) and error balance cast (``eb_half``: fp16). The flags are
+    constants of the closure, so numba drops the branches they rule out and compiles only
+    the block variants this pass calls: one pass calling every variant took a fresh
+    machine's first compare a minute. The floor's block keeps the cells when the
+    kernel's does (the histograms), else nothing."""
+    keep_rels, keep_tols, keep_cells = KEEP[kernel]
 
+    @njit(cache=True, parallel=True, error_model="numpy")
+    def _pass(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
+              base, t1, t2, heat, where, starts, ends, scratch, cells_of, flagged_of):
+        """Per block: the kernel's metrics and error balance counts, then (out_f not
+        empty) the golden rounded to the output dtype and its metrics and counts, then
+        (hist not empty) both histograms and (heat not empty) the kernel's heat map, all
+        while the block is in cache. eb[b] holds the kernel's counts (0, 1) and the
+        floor's (2, 3). where: the chunk's first element, the tensor's rows and columns,
+        and 1 when the heat map shows allclose's d / (atol + rtol |g|) rather than the
+        relative error. Each thread walks every n_threads-th block with buffers of its
+        own (rels, tols, the rounded golden, msprobe's cast golden; the errors' table
+        cells; the histogram's flagged elements), made once per call: a fresh 512 KiB
+        array per block was a fresh mapping, paid for in page faults."""
+        n = a.shape[0]
+        floor = out_f.shape[0] > 0
+        counts = hist.shape[0] > 0
+        heats = heat.shape[0] > 0
+        same_format = rp[0] == rp_eb[0]  # the floor is exactly msprobe's cast golden
+        first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
+        n_threads = scratch.shape[0]
+        n_blocks = out.shape[0]
+        for t in prange(n_threads):
+            # a block after one with NaN / Inf goes straight to the full variant: where
+            # they are spread through a tensor, the clean try would be paid for in every
+            # block
+            try_clean = True
+            for b in range(t, n_blocks, n_threads):
+                lo = b * BLOCK
+                hi = min(lo + BLOCK, n)
+                rels = scratch[t, 0, :hi - lo]
+                tols = scratch[t, 1, :hi - lo]
+                r = scratch[t, 2, :hi - lo]
+                cast = scratch[t, 3, :hi - lo]
+                kept = cells_of[t, :hi - lo]
+                flagged = flagged_of[t]
+                ob = out[b]
+                args = (a, abits, aexp, aman, g, gbits, lo, hi, c, ob, rels, tols, kept)
+                # the clean variant first, the full one when the block holds NaN / Inf
+                # (both give the same figures on a clean block)
+                if eb_half:
+                    if keep_tols:
+                        if not try_clean or _clean_half_block_tols(*args):
+                            _half_block_tols(*args)
+                    elif keep_rels:
+                        if not try_clean or _clean_half_block_rels(*args):
+                            _half_block_rels(*args)
+                    elif keep_cells:
+                        if not try_clean or _clean_half_block_cells(*args):
+                            _half_block_cells(*args)
+                    elif not try_clean or _clean_half_block_metrics(*args):
+                        _half_block_metrics(*args)
+                elif keep_tols:
+                    if not try_clean or _clean_block_tols(*args):
+                        _block_tols(*args)
+                elif keep_rels:
+                    if not try_clean or _clean_block_rels(*args):
+                        _block_rels(*args)
+                elif keep_cells:
+                    if not try_clean or _clean_block_cells(*args):
+                        _block_cells(*args)
+                elif not try_clean or _clean_block_metrics(*args):
+                    _block_metrics(*args)
+                clean = ob[NONFINITE_BAD] == 0.0 and ob[SPECIAL_EQ] == 0.0
+                if heats:
+                    _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts,
+                                ends, heat[b])
+                if counts:
+                    _count_cells(kept, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0])
+                if floor:
+                    if rp[0] == 24.0:  # float32: the hardware's conversion rounds once
+                        _to_f32_range(g, lo, hi, r)
+                    else:
+                        _round_range(g, gbits, lo, hi, rp, r)
+                # fp16 with its floor: the rounded golden is msprobe's cast, where the
+                # block's own counts cannot be taken
+                rounded = r if floor and same_format and rp_eb[0] != 24.0 else r[:0]
+                _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, ob, eb_half, eb[b, 0:2],
+                             cast, rounded)
+                if floor:
+                    # the rounded golden is NaN / Inf where the golden is: the kernel's
+                    # block tells
+                    gb = g[lo:hi]
+                    f_args = (r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
+                              hi - lo, c, out_f[b], rels, tols, kept)
+                    if keep_cells:
+                        if not clean or _clean_block_cells(*f_args):
+                            _block_cells(*f_args)
+                    elif not clean or _clean_block_metrics(*f_args):
+                        _block_metrics(*f_args)
+                    if counts:
+                        _count_cells(kept, r, gb, 0, cells, base, t1, t2, flagged,
+                                     hist[b, 1])
+                    if not same_format:
+                        _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], False,
+                                     eb[b, 2:4], cast, r[:0])
+                try_clean = clean
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _pair_block(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
-                base, t1, t2, heat, where, starts, ends, buffers, kept_cells, flagged, b, n,
-                floor, counts, heats, same_format, try_clean):
-    """Block ``b`` of _pair_blocks, in one thread's buffers (rels, tols, the rounded
-    golden, msprobe's cast golden; the errors' histogram table cells and the histogram's
-    flagged elements). True when the kernel's block held no NaN / Inf (the next block
-    then tries the clean variant)."""
-    first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
-    lo = b * BLOCK
-    hi = min(lo + BLOCK, n)
-    rels = buffers[0, :hi - lo]
-    tols = buffers[1, :hi - lo]
-    cast = buffers[3, :hi - lo]
-    kept = kept_cells[:hi - lo]
-    eb_half = rp_eb[0] == 11.0  # fp16: msprobe casts the golden to half
-    clean = _measure_block(a, abits, aexp, aman, g, gbits, lo, hi, c, out[b], rels, tols,
-                           kept, heats and by_tol, heats and not by_tol, counts, try_clean,
-                           eb_half)
-    if heats:
-        _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts, ends,
-                    heat[b])
-    if counts:
-        _count_cells(kept, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0])
-    r = buffers[2, :hi - lo]
-    if floor:
-        if rp[0] == 24.0:  # float32: the hardware's conversion rounds once, to nearest
-            _to_f32_range(g, lo, hi, r)
-        else:
-            _round_range(g, gbits, lo, hi, rp, r)
-    # fp16 with its floor: the rounded golden is msprobe's cast, where the block's own
-    # counts cannot be taken
-    rounded = r if floor and same_format and rp_eb[0] != 24.0 else r[:0]
-    _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, out[b], eb_half, eb[b, 0:2], cast,
-                 rounded)
-    if floor:
-        gb = g[lo:hi]
-        # the rounded golden is NaN / Inf where the golden is: the kernel's block tells
-        _measure_block(r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
-                       hi - lo, c, out_f[b], rels, tols, kept, False, False, counts, clean,
-                       False)
-        if counts:
-            _count_cells(kept, r, gb, 0, cells, base, t1, t2, flagged, hist[b, 1])
-        if not same_format:
-            _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], False, eb[b, 2:4], cast,
-                         r[:0])
-    return clean
+    return _pass
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -870,6 +883,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     cols = shape[-1] if heat else 1
     rows = total // cols if heat else 1
     grid = np.zeros((min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1))
+    # the pass compiled for what is kept, and for fp16's half cast of msprobe's EB
+    pass_ = _make_pass(heat or ("hist" if hist else "none"), bool(rp_eb[0] == 11.0))
     starts, ends = _pool_windows(cols, grid.shape[1])
     # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
     # golden and the histogram's flagged elements, reused by every block the thread takes
@@ -892,10 +907,9 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         eb_blocks = np.zeros((n_blocks, 4), dtype=np.int64)
         heat_blocks = np.zeros((n_blocks if heat else 0,) + grid.shape)
         where = np.array([start, rows, cols, heat == "tol"], dtype=np.int64)
-        _pair_blocks(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb,
-                     parts, parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1,
-                     _HIST_T2, heat_blocks, where, starts, ends, scratch, kept_cells,
-                     flagged)
+        pass_(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb, parts,
+              parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1, _HIST_T2,
+              heat_blocks, where, starts, ends, scratch, kept_cells, flagged)
         if heat:
             np.maximum(grid, heat_blocks.max(axis=0), out=grid)
         acc_a.append(parts)
