@@ -109,11 +109,35 @@ VENV = Path(os.environ.get("VERIFY_MSPROBE_VENV",
 
 def msprobe_python() -> Path:
     """The python of a venv with torch 2.13.0 (CPU) and mindstudio-probe 26.2.0, built
-    once under the user's cache folder; SKIP where it cannot be built (no index)."""
+    once under the user's cache folder; SKIP where it cannot be built (no index). Built
+    under a file lock and marked complete only when both installs are done: pytest-xdist's
+    workers ask at once, and one that took a half-built venv (its python there, msprobe
+    not yet) failed with `No module named 'msprobe'`."""
     import pytest
+    from filelock import FileLock
     python = VENV / "bin" / "python"
-    if python.exists():
-        return python
+    done = VENV / ".complete"
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(VENV) + ".lock", timeout=2400):
+        if done.exists():
+            return python
+        if python.exists() and subprocess.run(  # built before there were marks
+                [str(python), "-c", "import msprobe, numpy, torch"], capture_output=True,
+                timeout=600).returncode == 0:
+            done.write_text(MSPROBE + "\n")
+            return python
+        import shutil
+        shutil.rmtree(VENV, ignore_errors=True)  # a build cut short: start again
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
+            for spec in ("torch==2.13.0", MSPROBE):  # torch first: the CPU build, as pinned
+                subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", spec],
+                               check=True, timeout=1200, capture_output=True)
+        except (subprocess.SubprocessError, OSError) as exc:
+            shutil.rmtree(VENV, ignore_errors=True)
+            pytest.skip(f"cannot build a venv with {MSPROBE}: {exc}")
+        done.write_text(MSPROBE + "\n")
+    return python
     try:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
         for spec in ("torch==2.13.0", MSPROBE):  # torch first: the CPU build, as pinned
