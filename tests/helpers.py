@@ -1,6 +1,7 @@
 """Small shared pieces of the harness's own tests."""
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -126,7 +127,6 @@ def msprobe_python() -> Path:
                 timeout=600).returncode == 0:
             done.write_text(MSPROBE + "\n")
             return python
-        import shutil
         shutil.rmtree(VENV, ignore_errors=True)  # a build cut short: start again
         try:
             subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
@@ -137,14 +137,4 @@ def msprobe_python() -> Path:
             shutil.rmtree(VENV, ignore_errors=True)
             pytest.skip(f"cannot build a venv with {MSPROBE}: {exc}")
         done.write_text(MSPROBE + "\n")
-    return python
-    try:
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
-        for spec in ("torch==2.13.0", MSPROBE):  # torch first: the CPU build, as pinned
-            subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", spec], check=True,
-                           timeout=1200, capture_output=True)
-    except (subprocess.SubprocessError, OSError) as exc:
-        import shutil
-        shutil.rmtree(VENV, ignore_errors=True)
-        pytest.skip(f"cannot build a venv with {MSPROBE}: {exc}")
     return python

@@ -83,9 +83,9 @@ def test_the_clean_and_full_block_passes_agree_to_the_bit(dtype):
     abits, aexp, aman = metrics._bits_of(a_np)
     g_np = g.numpy()
     c = metrics._constants(dtype, 1e-5, 1e-5)
-    for pair in (metrics.block_variants(False, True, True),
-                 metrics.block_variants(True, False, True),
-                 metrics.block_variants(True, False, True, eb_half=True)):
+    for pair in ((metrics._clean_block_tols, metrics._block_tols),
+                 (metrics._clean_block_rels, metrics._block_rels),
+                 (metrics._clean_half_block_rels, metrics._half_block_rels)):
         got = []
         for variant in pair:
             out = np.zeros(metrics.N_SLOTS)
