@@ -98,6 +98,61 @@ def test_the_clean_and_full_block_passes_agree_to_the_bit(dtype):
         assert (got[0] == got[1]).all()
 
 
+def _block_slots(variant, a_np, g_np, c):
+    """Every slot and kept error of one block variant over the whole of a_np / g_np."""
+    n = len(g_np)
+    abits, aexp, aman = metrics._bits_of(a_np)
+    out = np.zeros(metrics.N_SLOTS)
+    rels, tols, cells = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.uint32)
+    assert not variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out,
+                       rels, tols, cells)  # finite: no other variant needed
+    return np.concatenate([out, rels, tols, cells.astype(np.float64)]).view(np.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16,
+                                   torch.float16])
+@pytest.mark.parametrize("tols", [(None, None), (0.0, 1e-3), (1e-5, 0.0), (0.0, 0.0)])
+def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
+    """A block whose every error is within the quiet slope (d <= fl(q |g|)) takes its
+    tolerance counts as known, without a test: they must be what the full variant counts,
+    element by element. Errors of exactly fl(q |g|), the next float above it (loud), half
+    of it, none; goldens of 0, subnormal, in the small-value domain, at its bound,
+    ordinary and huge; every standard's tolerances (atol or rtol 0 included, where the
+    slope may be unusable and the counts always run)."""
+    atol, rtol = tols
+    d_atol, d_rtol = metrics.default_tolerances(dtype)
+    c = metrics._constants(dtype, d_atol if atol is None else atol,
+                           d_rtol if rtol is None else rtol)
+    q = c[metrics.C_QUIET]
+    small = c[metrics.C_SMALL]
+    gen = torch.Generator().manual_seed(5)
+    n = 4096 + 5  # a vector tail too
+    huge = 6e4 if dtype == torch.float16 else 1e30  # finite in the output dtype
+    mags = [0.0, 1e-310, small / 3, small, np.nextafter(small, 1.0), 0.7, 3.0, huge]
+    g = np.array([mags[k % len(mags)] for k in range(n)]) * \
+        np.where(torch.rand(n, generator=gen).numpy() < 0.5, -1.0, 1.0)
+    store = np.float64 if dtype == torch.float64 else np.float32  # bf16 / fp16: as upcast
+    seen = {"quiet": 0, "loud": 0}
+    for step in ("none", "half", "at", "above"):
+        if step == "none":
+            a = g.copy()
+        else:
+            bound = np.abs(g) * max(q, 0.0)
+            bound = {"half": bound / 2, "at": bound, "above": np.nextafter(bound, np.inf)}[step]
+            a = g + np.where(g < 0, -bound, bound)
+        a_np = torch.from_numpy(a).to(dtype).to(torch.from_numpy(np.zeros(1, store)).dtype
+                                                ).numpy()
+        a = a_np.astype(np.float64)  # the stored actual's own error, as the pass sees it
+        loud = (np.abs(a - g) > np.abs(g) * q).any() or q < 0
+        seen["loud" if loud else "quiet"] += 1
+        for pair in ((metrics._clean_block_tols, metrics._block_tols),
+                     (metrics._clean_half_block_rels, metrics._half_block_rels)):
+            lean, full = (_block_slots(v, a_np, g, c) for v in pair)
+            assert (lean == full).all(), (step, pair[0])
+    if q > 0 and dtype == torch.float64:
+        assert seen["quiet"] >= 2 and seen["loud"] >= 1, seen
+
+
 @pytest.mark.parametrize("where", ["actual", "golden"])
 def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
     """A block without NaN / Inf takes the pass's clean variant, which only notes one and

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
@@ -58,7 +59,7 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 
 # constants slots
 (C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL, C_V2_RTOL,
- C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, C_EPS_ABS, N_CONSTS) = range(14)
+ C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, C_EPS_ABS, C_QUIET, C_RATIOS, N_CONSTS) = range(16)
 
 from verify.comparator.histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, HEAT_GRID, N_BINS  # noqa: E402
 from verify.comparator.histbins import three_digits  # noqa: E402
@@ -133,20 +134,18 @@ ZERO_CELL = 0x7FF << CELL_BITS  # the cell an error of 0 is given (one of Inf / 
 # no kept error reaches: they are clamped to 1e300), so the count needs no test for 0
 
 
-def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool = False,
-                eb_half: bool = False):
+def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
     (``keep_tols``, a heat map of that), and each relative error's histogram table cell
     (``keep_cells``, for the histogram's count, which then reads 4 bytes an element and
     looks up one table: 0.51 ns an element, from the errors themselves 0.83); none for
-    metrics alone. Each store of a block's errors was a tenth of its time. ``clean``: the
-    variant for a block without NaN or Inf, which only notes whether it saw one (the
-    caller then runs the full variant): the masks that keep NaN / Inf out of the
-    arithmetic were a fifth of the pass. On a clean block both variants do the same
-    arithmetic on the same values. ``eb_half``: msprobe's error balance against the
-    golden cast to IEEE half (fp16 outputs) rather than float32; counted in a pass of
-    its own over the golden, fp16's metrics took 64 ms at [7168, 4096], here 45-50."""
+    metrics alone. Each store of a block's errors was a tenth of its time. This is the
+    full variant, for a block with NaN or Inf (masks keep them out of the arithmetic);
+    a block without runs _make_quiet_block's variant, which gives the same figures.
+    ``eb_half``: msprobe's error balance against the golden cast to IEEE half (fp16
+    outputs) rather than float32; counted in a pass of its own over the golden, fp16's
+    metrics took 64 ms at [7168, 4096], here 45-50."""
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
@@ -166,33 +165,24 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool 
         s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
         ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
         shrink = grow = eb_gt = eb_lt = m_g = 0.0
-        seen = np.int64(1)
         for j in range(lo, hi):
             i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
             ab = np.int64(abits[i])
             gb = gbits[i]
-            if clean:  # a constant of the closure: one variant or the other is compiled
-                # 0 only where an exponent field is all ones (NaN / Inf)
-                seen = min(seen, min((ab & aexp) ^ aexp, (gb & _F64_EXP) ^ _F64_EXP))
-                f = 1.0
-                eq_special = 0.0
-                av = np.float64(a[i])
-                gv = g[i]
-            else:
-                # masks as 0.0 / 1.0 and selects only: no branch, so the loop vectorises
-                a_spec = 1.0 if (ab & aexp) == aexp else 0.0
-                g_spec = 1.0 if (gb & _F64_EXP) == _F64_EXP else 0.0
-                a_nan = a_spec * (1.0 if (ab & aman) != 0 else 0.0)
-                g_nan = g_spec * (1.0 if (gb & _F64_MAN) != 0 else 0.0)
-                same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
-                eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
-                f = (1.0 - a_spec) * (1.0 - g_spec)
-                same += eq_special
-                bad += 1.0 - f - eq_special
-                a_raw = np.float64(a[i])
-                g_raw = g[i]
-                av = a_raw if f > 0.5 else 0.0
-                gv = g_raw if f > 0.5 else 0.0
+            # masks as 0.0 / 1.0 and selects only: no branch, so the loop vectorises
+            a_spec = 1.0 if (ab & aexp) == aexp else 0.0
+            g_spec = 1.0 if (gb & _F64_EXP) == _F64_EXP else 0.0
+            a_nan = a_spec * (1.0 if (ab & aman) != 0 else 0.0)
+            g_nan = g_spec * (1.0 if (gb & _F64_MAN) != 0 else 0.0)
+            same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
+            eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
+            f = (1.0 - a_spec) * (1.0 - g_spec)
+            same += eq_special
+            bad += 1.0 - f - eq_special
+            a_raw = np.float64(a[i])
+            g_raw = g[i]
+            av = a_raw if f > 0.5 else 0.0
+            gv = g_raw if f > 0.5 else 0.0
             n += f
             diff = av - gv
             d = abs(diff)
@@ -297,9 +287,176 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, clean: bool 
         out[MAX_G] = m_g
         out[ARG_ABS] = -1.0
         out[ARG_REL] = -1.0
-        return seen == 0  # clean variant: the block held NaN / Inf after all (full: False)
+        return False  # as the clean variant's: the block needs no other variant
 
     return _block
+
+
+def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool):
+    """The block pass for a block without NaN or Inf, in two loops. The first computes
+    every sum and maximum, the counts that depend on the data everywhere (the error
+    balance's, magnitude bias, ULP > 1 / > 32, small values) and the kept errors, and
+    counts the *loud* elements, d > quiet |g| (C_QUIET, _quiet_slope): a quiet block's
+    every tolerance count is known without a test (all within hundredth / thousandth /
+    ten-thousandth, CANN v2 and allclose's tolerance, none beyond msprobe's thresholds,
+    no error at a zero golden). Only a block with a loud element runs the second loop,
+    which counts those tolerances as the full variant does. Returns True when the block
+    holds NaN / Inf after all (the caller runs the full variant). The sums are the full
+    variant's expressions in the same order, so the figures are the same to the bit."""
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+    def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
+        eps_cann, small = c[C_EPS_CANN], c[C_SMALL]
+        mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
+        mant_bits = mant << 52
+        floor_bits = max(min_field, mant) << 52
+        atol, rtol, quiet, small_atol = c[C_ATOL], c[C_RTOL], c[C_QUIET], c[C_SMALL_ATOL]
+        s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
+        s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
+        m_pr = m_tol = shrink = grow = eb_gt = eb_lt = m_g = loud = 0.0
+        seen = np.int64(1)
+        for j in range(lo, hi):
+            i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
+            ab = np.int64(abits[i])
+            gb = gbits[i]
+            # 0 only where an exponent field is all ones (NaN / Inf)
+            seen = min(seen, min((ab & aexp) ^ aexp, (gb & _F64_EXP) ^ _F64_EXP))
+            av = np.float64(a[i])
+            gv = g[i]
+            diff = av - gv
+            d = abs(diff)
+            ag = abs(gv)
+            s_sq += d * d
+            dot += av * gv
+            aa += av * av
+            gg += gv * gv
+            g32 = np.float32(gv)
+            cast = np.float64(g32)
+            if eb_half:  # as the full variant: the once-rounded half through float32 to odd
+                odd = _bits(g32) - (np.int32(1) if abs(cast) > ag else np.int32(0))
+                cast = _half_of_bits(odd | (np.int32(1) if cast != gv else np.int32(0)))
+            eb_gt += 1.0 if av > cast else 0.0
+            eb_lt += 1.0 if av < cast else 0.0
+            m_g = _fmax(m_g, ag)
+            a_mag = abs(av)
+            shrink += 1.0 if a_mag < ag else 0.0
+            grow += 1.0 if a_mag > ag else 0.0
+            inv_ag = 1.0 / _fmax(ag, 1e-300)
+            s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
+            m_abs = _fmax(m_abs, d)
+            rel = d / (ag + eps_cann)
+            s_rel += rel
+            m_rel = _fmax(m_rel, rel)
+            g_pos = 1.0 if ag > 0.0 else 0.0
+            m_pr = _fmax(m_pr, d * inv_ag * g_pos)
+            e_bits = gb & _F64_EXP
+            e_bits = e_bits if e_bits > floor_bits else floor_bits
+            ulp = d * _as_float(_F64_MAX_FIELD - (e_bits - mant_bits))
+            m_ulp = _fmax(m_ulp, ulp)
+            s_ulp += ulp
+            n_u1 += 1.0 if ulp > 1.0 else 0.0
+            n_u32 += 1.0 if ulp > 32.0 else 0.0
+            sm = 1.0 if ag <= small else 0.0
+            n_small += sm
+            n_small_bad += sm * (1.0 if d > small_atol else 0.0)
+            allowed = atol + rtol * ag
+            tol = d / _fmax(allowed, 1e-300)
+            m_tol = _fmax(m_tol, tol)
+            loud += 1.0 if d > quiet * ag else 0.0
+            kept = rel if rel < 1e300 else 1e300
+            if keep_rels:
+                rels[np.uint64(j - lo)] = kept
+            if keep_cells:
+                cells[np.uint64(j - lo)] = np.uint32(_bits(kept) >> (52 - CELL_BITS)) \
+                    if kept > 0.0 else np.uint32(ZERO_CELL)
+            if keep_tols:
+                tols[np.uint64(j - lo)] = tol if tol < 1e300 else 1e300
+        if seen == 0:
+            return True
+        n = np.float64(hi - lo)
+        if loud > 0.0 or quiet < 0.0:
+            _tolerance_counts(a, g, lo, hi, c, out)
+        else:
+            out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
+            out[N_V2] = out[N_CASE] = n
+        if loud > 0.0 or quiet < 0.0 or c[C_RATIOS] > 0.0:
+            _ratio_counts(a, g, lo, hi, c, out)
+        else:
+            out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
+        out[N_SMALL_BAD] = n_small_bad
+        out[N] = n
+        out[NONFINITE_BAD] = 0.0
+        out[SPECIAL_EQ] = 0.0
+        out[SUM_REL] = s_rel
+        out[MAX_REL_CANN] = m_rel
+        out[MAX_ABS] = m_abs
+        out[SUM_SQ] = s_sq
+        out[DOT] = dot
+        out[AA] = aa
+        out[GG] = gg
+        out[SUM_EB] = s_eb
+        out[MAX_ULP] = m_ulp
+        out[SUM_ULP] = s_ulp
+        out[N_ULP1] = n_u1
+        out[N_ULP32] = n_u32
+        out[N_SMALL] = n_small
+        out[MAX_REL] = m_pr
+        out[MAX_TOL] = m_tol
+        out[N_SHRINK] = shrink
+        out[N_GROW] = grow
+        out[EB_GT] = eb_gt
+        out[EB_LT] = eb_lt
+        out[MAX_G] = m_g
+        out[ARG_ABS] = -1.0
+        out[ARG_REL] = -1.0
+        return False
+
+    return _block
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _tolerance_counts(a, g, lo, hi, c, out):
+    """The tolerance counts of a finite block a[lo:hi] against g[lo:hi] into out, in the
+    full block variant's expressions: msprobe's absolute threshold, CANN v2's and the
+    case's tolerance, errors at a zero golden."""
+    v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
+    small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
+    n_rel_bad = n_v2 = n_case = zero_bad = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)
+        d = abs(np.float64(a[i]) - g[i])
+        ag = abs(g[i])
+        zero_bad += (1.0 if ag == 0.0 else 0.0) * (1.0 if d > 0.0 else 0.0)
+        big = 1.0 - (1.0 if ag <= small else 0.0)
+        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
+        n_v2 += 1.0 if d <= v2_atol + v2_rtol * ag else 0.0
+        n_case += 1.0 if d <= atol + rtol * ag else 0.0
+    out[N_REL_BAD] = n_rel_bad
+    out[N_V2] = n_v2
+    out[N_CASE] = n_case
+    out[N_ZERO_G_BAD] = zero_bad
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _ratio_counts(a, g, lo, hi, c, out):
+    """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
+    against g[lo:hi] into out, in the full block variant's expressions."""
+    small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
+    ok2 = ok3 = ok4 = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)
+        d = abs(np.float64(a[i]) - g[i])
+        ag = abs(g[i])
+        sm = 1.0 if ag <= small else 0.0
+        denom = ag + eps_ms
+        big = 1.0 - sm
+        within_thou = 1.0 if d <= thou_atol else 0.0
+        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
+        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
+        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
+    out[N_OK_1E2] = ok2
+    out[N_OK_1E3] = ok3
+    out[N_OK_1E4] = ok4
 
 
 # the variants in use (each compiled when first called): the kernel's with a heat map of
@@ -311,18 +468,18 @@ _block_tols = _make_block(False, True, True)
 _block_rels = _make_block(True, False, True)
 _block_cells = _make_block(False, False, True)
 _block_metrics = _make_block(False, False, False)
-_clean_block_tols = _make_block(False, True, True, clean=True)
-_clean_block_rels = _make_block(True, False, True, clean=True)
-_clean_block_cells = _make_block(False, False, True, clean=True)
-_clean_block_metrics = _make_block(False, False, False, clean=True)
+_clean_block_tols = _make_quiet_block(False, True, True, False)
+_clean_block_rels = _make_quiet_block(True, False, True, False)
+_clean_block_cells = _make_quiet_block(False, False, True, False)
+_clean_block_metrics = _make_quiet_block(False, False, False, False)
 _half_block_tols = _make_block(False, True, True, eb_half=True)
 _half_block_rels = _make_block(True, False, True, eb_half=True)
 _half_block_cells = _make_block(False, False, True, eb_half=True)
 _half_block_metrics = _make_block(False, False, False, eb_half=True)
-_clean_half_block_tols = _make_block(False, True, True, clean=True, eb_half=True)
-_clean_half_block_rels = _make_block(True, False, True, clean=True, eb_half=True)
-_clean_half_block_cells = _make_block(False, False, True, clean=True, eb_half=True)
-_clean_half_block_metrics = _make_block(False, False, False, clean=True, eb_half=True)
+_clean_half_block_tols = _make_quiet_block(False, True, True, True)
+_clean_half_block_rels = _make_quiet_block(True, False, True, True)
+_clean_half_block_cells = _make_quiet_block(False, False, True, True)
+_clean_half_block_metrics = _make_quiet_block(False, False, False, True)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -793,7 +950,43 @@ def _constants(dtype: torch.dtype, atol: float, rtol: float, scale: float = 1.0)
     # msprobe's absolute threshold: rel = d / (|golden| + finfo(golden's dtype).eps), 2^-8
     # for bf16 (get_abs_bench_with_eps); the golden here is float64
     c[C_EPS_ABS] = 2.0 ** -8 if dtype == torch.bfloat16 else float(np.finfo(np.float64).eps)
+    # the ratio counts run in every block where the correctly rounded output already
+    # misses the ten-thousandth (bf16, fp16: its relative error reaches 2^-(mant + 1))
+    c[C_RATIOS] = float(2.0 ** -(t.mantissa_bits + 1) >= min(_RATIO_THRESHOLDS))
+    c[C_QUIET] = _quiet_slope(c)
     return c
+
+
+_RATIO_THRESHOLDS = (1e-2, 1e-3, 1e-4)  # hundredth, thousandth, ten-thousandth
+_MARGIN = 1.0 - 2.0 ** -20  # keeps a strict test strict through two roundings
+
+
+def _quiet_slope(c: np.ndarray) -> float:
+    """The largest slope q such that every finite element with d <= fl(q |g|) passes
+    every tolerance test that the block pass does not count in its first loop, as the
+    pass computes it (-1: none; the tolerance counts then always run). Each test's bound
+    rounds monotonically in |g|, so q <= its slope suffices: allclose (rtol), CANN v2
+    (v2 rtol), msprobe's absolute threshold (its rtol). Unless the ratio counts always
+    run (C_RATIOS), the hundredth / thousandth / ten-thousandth too: small values
+    (|g| <= small) within their atol takes q small <= atol exactly; the others' tests
+    are strict (d < t (|g| + eps)), and q <= t (1 - 2^-20) keeps fl(q |g|) below
+    fl(t |g|) while q small is a normal number. A zero golden gives fl(q 0) = 0, so a
+    quiet element there is exact."""
+    small = c[C_SMALL]
+    slopes = [c[C_RTOL], c[C_V2_RTOL], c[C_ABS_RTOL]]
+    exact = []  # bounds that q small must meet exactly
+    if c[C_RATIOS] == 0.0:
+        slopes += [t * _MARGIN for t in _RATIO_THRESHOLDS]
+        if small > 0:
+            slopes.append(c[C_THOU_ATOL] / small)
+            exact.append(Fraction(c[C_THOU_ATOL]))
+    q = float(min(slopes))
+    while q > 0 and any(Fraction(q) * Fraction(small) > bound for bound in exact):
+        q = float(np.nextafter(q, 0.0))
+    if not (q > 0 and q * small >= 2.0 ** -1000 and min(c[C_ATOL], c[C_V2_ATOL],
+                                                       c[C_EPS_MS], c[C_EPS_ABS]) >= 0):
+        return -1.0
+    return q
 
 
 def thousandth_small_atol(dtype: torch.dtype) -> float:
