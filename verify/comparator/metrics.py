@@ -134,6 +134,17 @@ ZERO_CELL = 0x7FF << CELL_BITS  # the cell an error of 0 is given (one of Inf / 
 # no kept error reaches: they are clamped to 1e300), so the count needs no test for 0
 
 
+@njit(inline="always", fastmath=_FAST)
+def _ulp_error(d, gb, mant_bits, floor_bits):
+    """msprobe's ULP error d * 2^(mant - max(e, min_exp)) of an error d against a golden of
+    IEEE bits gb, its scale built on the exponent fields in place (<< 52: two shifts and a
+    min fewer; e >= mant keeps the scale's field at most 2046, so nothing overflows).
+    mant_bits = mant << 52, floor_bits = max(min_exp + 1023, mant) << 52."""
+    e_bits = gb & _F64_EXP
+    e_bits = e_bits if e_bits > floor_bits else floor_bits
+    return d * _as_float(_F64_MAX_FIELD - (e_bits - mant_bits))
+
+
 def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
@@ -219,9 +230,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
             # (worked on the exponent fields in place, << 52: two shifts and a min fewer;
             # e >= mant keeps the scale's field at most 2046, so nothing overflows)
-            e_bits = gb & _F64_EXP
-            e_bits = e_bits if e_bits > floor_bits else floor_bits
-            ulp = d * _as_float(_F64_MAX_FIELD - (e_bits - mant_bits))
+            ulp = _ulp_error(d, gb, mant_bits, floor_bits)
             m_ulp = _fmax(m_ulp, ulp)
             s_ulp += ulp
             n_u1 += 1.0 if ulp > 1.0 else 0.0
@@ -312,15 +321,15 @@ def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_hal
         floor_bits = max(min_field, mant) << 52
         atol, rtol, quiet, small_atol = c[C_ATOL], c[C_RTOL], c[C_QUIET], c[C_SMALL_ATOL]
         s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
-        s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
+        s_eb = m_ulp = s_ulp = n_u1 = n_small = n_small_bad = 0.0
         m_pr = m_tol = shrink = grow = eb_gt = eb_lt = m_g = loud = 0.0
-        seen = np.int64(1)
+        top_a = top_g = np.int64(0)  # the largest exponent fields: all ones at NaN / Inf
         for j in range(lo, hi):
             i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
             ab = np.int64(abits[i])
             gb = gbits[i]
-            # 0 only where an exponent field is all ones (NaN / Inf)
-            seen = min(seen, min((ab & aexp) ^ aexp, (gb & _F64_EXP) ^ _F64_EXP))
+            top_a = max(top_a, ab & aexp)
+            top_g = max(top_g, gb & _F64_EXP)
             av = np.float64(a[i])
             gv = g[i]
             diff = av - gv
@@ -349,13 +358,10 @@ def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_hal
             m_rel = _fmax(m_rel, rel)
             g_pos = 1.0 if ag > 0.0 else 0.0
             m_pr = _fmax(m_pr, d * inv_ag * g_pos)
-            e_bits = gb & _F64_EXP
-            e_bits = e_bits if e_bits > floor_bits else floor_bits
-            ulp = d * _as_float(_F64_MAX_FIELD - (e_bits - mant_bits))
+            ulp = _ulp_error(d, gb, mant_bits, floor_bits)
             m_ulp = _fmax(m_ulp, ulp)
             s_ulp += ulp
             n_u1 += 1.0 if ulp > 1.0 else 0.0
-            n_u32 += 1.0 if ulp > 32.0 else 0.0
             sm = 1.0 if ag <= small else 0.0
             n_small += sm
             n_small_bad += sm * (1.0 if d > small_atol else 0.0)
@@ -371,7 +377,7 @@ def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_hal
                     if kept > 0.0 else np.uint32(ZERO_CELL)
             if keep_tols:
                 tols[np.uint64(j - lo)] = tol if tol < 1e300 else 1e300
-        if seen == 0:
+        if top_a == aexp or top_g == _F64_EXP:
             return True
         n = np.float64(hi - lo)
         if loud > 0.0 or quiet < 0.0:
@@ -398,7 +404,8 @@ def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_hal
         out[MAX_ULP] = m_ulp
         out[SUM_ULP] = s_ulp
         out[N_ULP1] = n_u1
-        out[N_ULP32] = n_u32
+        # ULP errors over 32 are rare: counted only in a block that has one
+        out[N_ULP32] = _count_over(a, g, gbits, lo, hi, c, 32.0) if m_ulp > 32.0 else 0.0
         out[N_SMALL] = n_small
         out[MAX_REL] = m_pr
         out[MAX_TOL] = m_tol
@@ -412,6 +419,20 @@ def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_hal
         return False
 
     return _block
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _count_over(a, g, gbits, lo, hi, c, limit):
+    """How many ULP errors of a finite block a[lo:hi] against g[lo:hi] exceed ``limit``."""
+    mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
+    mant_bits = mant << 52
+    floor_bits = max(min_field, mant) << 52
+    over = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)
+        d = abs(np.float64(a[i]) - g[i])
+        over += 1.0 if _ulp_error(d, gbits[i], mant_bits, floor_bits) > limit else 0.0
+    return over
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
