@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -983,6 +984,15 @@ _MARGIN = 1.0 - 2.0 ** -20  # keeps a strict test strict through two roundings
 
 
 def _quiet_slope(c: np.ndarray) -> float:
+    """_slope_of the constants that bound the tolerance tests."""
+    return _slope_of(c[C_SMALL], c[C_RTOL], c[C_V2_RTOL], c[C_ABS_RTOL], c[C_THOU_ATOL],
+                     c[C_RATIOS] != 0.0, min(c[C_ATOL], c[C_V2_ATOL], c[C_EPS_MS],
+                                             c[C_EPS_ABS]))
+
+
+@functools.lru_cache(maxsize=256)
+def _slope_of(small: float, rtol: float, v2_rtol: float, abs_rtol: float, thou_atol: float,
+              ratios_always: bool, least_offset: float) -> float:
     """The largest slope q such that every finite element with d <= fl(q |g|) passes
     every tolerance test that the block pass does not count in its first loop, as the
     pass computes it (-1: none; the tolerance counts then always run). Each test's bound
@@ -993,19 +1003,17 @@ def _quiet_slope(c: np.ndarray) -> float:
     are strict (d < t (|g| + eps)), and q <= t (1 - 2^-20) keeps fl(q |g|) below
     fl(t |g|) while q small is a normal number. A zero golden gives fl(q 0) = 0, so a
     quiet element there is exact."""
-    small = c[C_SMALL]
-    slopes = [c[C_RTOL], c[C_V2_RTOL], c[C_ABS_RTOL]]
+    slopes = [rtol, v2_rtol, abs_rtol]
     exact = []  # bounds that q small must meet exactly
-    if c[C_RATIOS] == 0.0:
+    if not ratios_always:
         slopes += [t * _MARGIN for t in _RATIO_THRESHOLDS]
         if small > 0:
-            slopes.append(c[C_THOU_ATOL] / small)
-            exact.append(Fraction(c[C_THOU_ATOL]))
+            slopes.append(thou_atol / small)
+            exact.append(Fraction(thou_atol))
     q = float(min(slopes))
     while q > 0 and any(Fraction(q) * Fraction(small) > bound for bound in exact):
         q = float(np.nextafter(q, 0.0))
-    if not (q > 0 and q * small >= 2.0 ** -1000 and min(c[C_ATOL], c[C_V2_ATOL],
-                                                       c[C_EPS_MS], c[C_EPS_ABS]) >= 0):
+    if not (q > 0 and q * small >= 2.0 ** -1000 and least_offset >= 0):
         return -1.0
     return q
 
@@ -1050,6 +1058,30 @@ class Measured(NamedTuple):
     heatmap: dict | None    # plotdata.heatmap's layout; None under 2 dims or not asked
 
 
+_BUFFERS = threading.local()
+
+
+def _buffers(n_threads: int, width: int, upcast: bool):
+    """The pass's per-thread buffers (errors, rounded and cast golden: 4 x width float64;
+    the histogram's flagged elements; the errors' table cells) and (``upcast``) the
+    float32 chunk that bf16 / fp16 outputs are upcast into. Full-block ones are kept for
+    the calling thread's next call: fresh, they were 5.5 MiB of page faults in every
+    compare of an output of a block or more (a run compares thousands)."""
+    shape = (n_threads, width)
+    if width < BLOCK:
+        return (np.empty((n_threads, 4, width)), np.empty(shape, dtype=np.int64),
+                np.empty(shape, dtype=np.uint32),
+                torch.empty(width, dtype=torch.float32) if upcast else None)
+    kept = getattr(_BUFFERS, "full", None)
+    if kept is None or kept[0].shape[0] != n_threads:
+        kept = [np.empty((n_threads, 4, width)), np.empty(shape, dtype=np.int64),
+                np.empty(shape, dtype=np.uint32), None]
+        _BUFFERS.full = kept
+    if upcast and kept[3] is None:
+        kept[3] = torch.empty(CHUNK, dtype=torch.float32)
+    return kept[0], kept[1], kept[2], kept[3] if upcast else None
+
+
 def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
                 atol: float | None = None, rtol: float | None = None, floor: bool = True,
                 scale: float = 1.0, hist: bool = True, heat: str | None = None) -> Measured:
@@ -1085,12 +1117,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
     # golden and the histogram's flagged elements, reused by every block the thread takes
     n_threads = max(1, min(numba.get_num_threads(), -(-total // BLOCK)))
-    width = min(BLOCK, max(total, 1))
-    scratch = np.empty((n_threads, 4, width))
-    flagged = np.empty((n_threads, width), dtype=np.int64)
-    kept_cells = np.empty((n_threads, width), dtype=np.uint32)
-    upcast = torch.empty(min(CHUNK, total), dtype=torch.float32) \
-        if a.dtype not in (torch.float32, torch.float64) else None
+    scratch, flagged, kept_cells, upcast = _buffers(
+        n_threads, min(BLOCK, max(total, 1)), a.dtype not in (torch.float32, torch.float64))
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
         g_np = g[start:stop].numpy()
