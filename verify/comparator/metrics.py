@@ -303,16 +303,20 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
 
 
 def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool):
-    """The block pass for a block without NaN or Inf, in two loops. The first computes
-    every sum and maximum, the counts that depend on the data everywhere (the error
-    balance's, magnitude bias, ULP > 1 / > 32, small values) and the kept errors, and
-    counts the *loud* elements, d > quiet |g| (C_QUIET, _quiet_slope): a quiet block's
-    every tolerance count is known without a test (all within hundredth / thousandth /
-    ten-thousandth, CANN v2 and allclose's tolerance, none beyond msprobe's thresholds,
-    no error at a zero golden). Only a block with a loud element runs the second loop,
-    which counts those tolerances as the full variant does. Returns True when the block
-    holds NaN / Inf after all (the caller runs the full variant). The sums are the full
-    variant's expressions in the same order, so the figures are the same to the bit."""
+    """The block pass for a block without NaN or Inf. Its loop computes every sum and
+    maximum, the counts that depend on the data everywhere (the error balance's,
+    magnitude bias, ULP > 1, small values and those beyond their atol) and the kept
+    errors, and counts the *loud* elements, d > fl(q |g|) (C_QUIET, _slope_of): a quiet
+    block's tolerance counts are known without a test (all within CANN v2's and the
+    case's tolerance, none beyond msprobe's absolute threshold, no error at a zero
+    golden; for fp32 / fp64 outputs all within the hundredth / thousandth /
+    ten-thousandth too). A loud block counts them in loops of their own over the block
+    while it is in cache (_tolerance_counts, _ratio_counts), as do bf16 / fp16 outputs
+    the ratio family (C_RATIOS); ULP errors over 32 are counted only where the block's
+    largest is (_count_over). 71 instructions per 8 elements where the full variant's
+    loop had 123. Returns True when the block holds NaN / Inf after all (the caller runs
+    the full variant). The sums are the full variant's expressions in the same order, so
+    the figures are the same to the bit."""
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
