@@ -11,6 +11,8 @@ from verify.comparator import dtypes as dt
 from verify.comparator import metrics
 from verify.comparator import standards
 
+import masked_block
+
 
 def numpy_reference(a, g, eps_ms, small, small_atol, mant, min_exp, device=np.float32):
     """The definitions written out in NumPy; EB is msprobe's get_error_balance: outputs
@@ -67,11 +69,43 @@ def test_nan_inf_placement():
     assert not ok and "NaN/Inf placement" in why
 
 
+# the lean block variants against the masked reference (tests/masked_block.py), with what
+# each keeps: (rels, tols, cells)
+LEAN_AND_MASKED = ((metrics._block_tols, masked_block.masked_tols, (False, True, True)),
+                   (metrics._block_rels, masked_block.masked_rels, (True, False, True)),
+                   (metrics._half_block_rels, masked_block.masked_half_rels,
+                    (True, False, True)))
+
+
+def _block_slots(variant, a_np, g_np, c, keep=None):
+    """Every slot and kept error of one block variant over the whole of a_np / g_np; with
+    ``keep`` (the variant's kept errors), as the pass takes a block with NaN / Inf: the
+    lean variant over its finite copy, then the NaN / Inf pairs settled."""
+    n = len(g_np)
+    abits, aexp, aman = metrics._bits_of(a_np)
+    out = np.zeros(metrics.N_SLOTS)
+    rels, tols, cells = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.uint32)
+    if keep is None:
+        assert not variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c,
+                           out, rels, tols, cells)  # finite: no finite copy needed
+    else:
+        fa, fg, spots = np.empty_like(a_np), np.empty_like(g_np), np.empty(n, np.int64)
+        k = metrics._finite_copy(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), fa,
+                                 fg, spots)
+        fbits = metrics._bits_of(fa)[0]
+        assert not variant(fa, fbits, aexp, aman, fg, fg.view(np.int64), 0, n, c, out,
+                           rels, tols, cells)
+        metrics._settle_specials(out, spots, k, *(x if kept else x[:0] for x, kept in
+                                                  zip((rels, tols, cells), keep)))
+    return np.concatenate([out, rels, tols, cells.astype(np.float64)]).view(np.int64)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_the_clean_and_full_block_passes_agree_to_the_bit(dtype):
-    """A clean block may go through either variant of the block pass (after a block with
-    NaN / Inf the full one runs): on finite data both give every slot and every kept
-    error bit for bit, zeros, subnormals and huge values included."""
+def test_the_lean_block_pass_is_the_masked_one_to_the_bit(dtype):
+    """The pass's lean block variant gives every slot and every kept error of the masked
+    one-loop pass bit for bit: on finite data (zeros, subnormals, huge values), and, by
+    way of its finite copy, on a block with every kind of NaN / Inf pair (the same NaN,
+    the same signed Inf, Inf against -Inf, NaN against a number, a number against Inf)."""
     n = metrics.BLOCK - 3  # a vector tail too
     gen = torch.Generator().manual_seed(11)
     g = torch.randn(n, generator=gen, dtype=torch.float64)
@@ -80,33 +114,23 @@ def test_the_clean_and_full_block_passes_agree_to_the_bit(dtype):
     g[100:150] *= 1e30
     a = (g * (1 + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
     a_np = a.to(torch.float32).numpy() if dtype == torch.bfloat16 else a.numpy()
-    abits, aexp, aman = metrics._bits_of(a_np)
     g_np = g.numpy()
     c = metrics._constants(dtype, 1e-5, 1e-5)
-    for pair in ((metrics._clean_block_tols, metrics._block_tols),
-                 (metrics._clean_block_rels, metrics._block_rels),
-                 (metrics._clean_half_block_rels, metrics._half_block_rels)):
-        got = []
-        for variant in pair:
-            out = np.zeros(metrics.N_SLOTS)
-            rels, tols = np.zeros(n), np.zeros(n)
-            cells = np.zeros(n, dtype=np.uint32)
-            variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out, rels,
-                    tols, cells)
-            got.append(np.concatenate([out, rels, tols, cells.astype(np.float64)]
-                                      ).view(np.int64))
-        assert (got[0] == got[1]).all()
-
-
-def _block_slots(variant, a_np, g_np, c):
-    """Every slot and kept error of one block variant over the whole of a_np / g_np."""
-    n = len(g_np)
-    abits, aexp, aman = metrics._bits_of(a_np)
-    out = np.zeros(metrics.N_SLOTS)
-    rels, tols, cells = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.uint32)
-    assert not variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out,
-                       rels, tols, cells)  # finite: no other variant needed
-    return np.concatenate([out, rels, tols, cells.astype(np.float64)]).view(np.int64)
+    for lean, masked, _ in LEAN_AND_MASKED:
+        assert (_block_slots(lean, a_np, g_np, c) == _block_slots(masked, a_np, g_np, c)
+                ).all()
+    inf, nan = float("inf"), float("nan")
+    pairs = [(nan, nan), (inf, inf), (-inf, -inf), (inf, -inf), (nan, 1.0), (1.0, nan),
+             (2.0, inf), (-inf, 3.0), (nan, inf)]
+    a_np, g_np = a_np.copy(), g_np.copy()
+    for k, (x, y) in enumerate(pairs * 40):
+        j = (k * 997) % n
+        a_np[j], g_np[j] = x, y
+    for lean, masked, keep in LEAN_AND_MASKED:
+        got = _block_slots(lean, a_np, g_np, c, keep)
+        assert (got == _block_slots(masked, a_np, g_np, c)).all()
+        m = got[:metrics.N_SLOTS].view(np.float64)
+        assert m[metrics.SPECIAL_EQ] == 3 * 40 and m[metrics.NONFINITE_BAD] == 6 * 40
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16,
@@ -114,7 +138,7 @@ def _block_slots(variant, a_np, g_np, c):
 @pytest.mark.parametrize("tols", [(None, None), (0.0, 1e-3), (1e-5, 0.0), (0.0, 0.0)])
 def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
     """A block whose every error is within the quiet slope (d <= fl(q |g|)) takes its
-    tolerance counts as known, without a test: they must be what the full variant counts,
+    tolerance counts as known, without a test: they must be what the masked pass counts,
     element by element. Errors of exactly fl(q |g|), the next float above it (loud), half
     of it, none; goldens of 0, subnormal, in the small-value domain, at its bound,
     ordinary and huge; every standard's tolerances (atol or rtol 0 included, where the
@@ -145,18 +169,17 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
         a = a_np.astype(np.float64)  # the stored actual's own error, as the pass sees it
         loud = (np.abs(a - g) > np.abs(g) * q).any() or q < 0
         seen["loud" if loud else "quiet"] += 1
-        for pair in ((metrics._clean_block_tols, metrics._block_tols),
-                     (metrics._clean_half_block_rels, metrics._half_block_rels)):
-            lean, full = (_block_slots(v, a_np, g, c) for v in pair)
-            assert (lean == full).all(), (step, pair[0])
+        for lean, masked, _ in LEAN_AND_MASKED:
+            assert (_block_slots(lean, a_np, g, c) == _block_slots(masked, a_np, g, c)
+                    ).all(), (step, lean)
     if q > 0 and dtype == torch.float64:
         assert seen["quiet"] >= 2 and seen["loud"] >= 1, seen
 
 
 @pytest.mark.parametrize("where", ["actual", "golden"])
 def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
-    """A block without NaN / Inf takes the pass's clean variant, which only notes one and
-    hands the block to the full variant: one NaN or Inf at a block's first or last element,
+    """The pass's lean variant only notes a NaN / Inf and then takes the block's finite
+    copy: one NaN or Inf at a block's first or last element,
     or in the tail, must still be a placement mismatch, and leave every other element's
     figures as NumPy computes them without it."""
     n = 2 * metrics.BLOCK + 77

@@ -146,177 +146,30 @@ def _ulp_error(d, gb, mant_bits, floor_bits):
     return d * _as_float(_F64_MAX_FIELD - (e_bits - mant_bits))
 
 
-def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool = False):
+def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
     (``keep_tols``, a heat map of that), and each relative error's histogram table cell
     (``keep_cells``, for the histogram's count, which then reads 4 bytes an element and
     looks up one table: 0.51 ns an element, from the errors themselves 0.83); none for
-    metrics alone. Each store of a block's errors was a tenth of its time. This is the
-    full variant, for a block with NaN or Inf (masks keep them out of the arithmetic);
-    a block without runs _make_quiet_block's variant, which gives the same figures.
-    ``eb_half``: msprobe's error balance against the golden cast to IEEE half (fp16
-    outputs) rather than float32; counted in a pass of its own over the golden, fp16's
-    metrics took 64 ms at [7168, 4096], here 45-50."""
+    metrics alone. ``eb_half``: msprobe's error balance against the golden cast to IEEE
+    half (fp16 outputs) rather than float32; counted in a pass of its own over the
+    golden, fp16's metrics took 64 ms at [7168, 4096], here 45-50.
 
-    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-    def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
-        """Every metric's counters and sums of a[lo:hi] against g[lo:hi] into out, and
-        each element's relative error d / (|g| + 1e-7) (``keep_rels``), allclose's
-        d / (atol + rtol |g|) (``keep_tols``) and its relative error's table cell
-        (``keep_cells``) into rels, tols and cells [0:hi-lo], for the heat map and the
-        histogram."""
-        eps_cann, eps_ms = c[C_EPS_CANN], c[C_EPS_MS]
-        small, small_atol = c[C_SMALL], c[C_SMALL_ATOL]
-        mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
-        mant_bits = mant << 52
-        floor_bits = max(min_field, mant) << 52
-        v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
-        abs_rtol, thou_atol, eps_abs = c[C_ABS_RTOL], c[C_THOU_ATOL], c[C_EPS_ABS]
-        n = bad = same = s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
-        s_eb = m_ulp = s_ulp = n_u1 = n_u32 = n_small = n_small_bad = 0.0
-        ok2 = ok3 = ok4 = n_rel_bad = n_v2 = n_case = m_pr = zero_bad = m_tol = 0.0
-        shrink = grow = eb_gt = eb_lt = m_g = 0.0
-        for j in range(lo, hi):
-            i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
-            ab = np.int64(abits[i])
-            gb = gbits[i]
-            # masks as 0.0 / 1.0 and selects only: no branch, so the loop vectorises
-            a_spec = 1.0 if (ab & aexp) == aexp else 0.0
-            g_spec = 1.0 if (gb & _F64_EXP) == _F64_EXP else 0.0
-            a_nan = a_spec * (1.0 if (ab & aman) != 0 else 0.0)
-            g_nan = g_spec * (1.0 if (gb & _F64_MAN) != 0 else 0.0)
-            same_sign = 1.0 if (ab < 0) == (gb < 0) else 0.0
-            eq_special = a_nan * g_nan + (a_spec - a_nan) * (g_spec - g_nan) * same_sign
-            f = (1.0 - a_spec) * (1.0 - g_spec)
-            same += eq_special
-            bad += 1.0 - f - eq_special
-            a_raw = np.float64(a[i])
-            g_raw = g[i]
-            av = a_raw if f > 0.5 else 0.0
-            gv = g_raw if f > 0.5 else 0.0
-            n += f
-            diff = av - gv
-            d = abs(diff)
-            ag = abs(gv)
-            s_sq += d * d
-            dot += av * gv
-            aa += av * av
-            gg += gv * gv
-            # msprobe's error balance against the golden cast to float32 (its NumPy dtype
-            # for fp32 and bf16 outputs) or to half (fp16), for finite pairs; a block with
-            # any NaN / Inf pair or a golden beyond the cast's range is counted again
-            # exactly (_eb_range)
-            g32 = np.float32(gv)
-            cast = np.float64(g32)
-            if eb_half:  # to float32 to odd, then to half: the once-rounded half (Boldo
-                # and Melquiond: float32 has two bits more than half in each binade of it)
-                odd = _bits(g32) - (np.int32(1) if abs(cast) > ag else np.int32(0))
-                cast = _half_of_bits(odd | (np.int32(1) if cast != gv else np.int32(0)))
-            eb_gt += f * (1.0 if av > cast else 0.0)
-            eb_lt += f * (1.0 if av < cast else 0.0)
-            m_g = _fmax(m_g, ag)
-            a_mag = abs(av)
-            shrink += 1.0 if a_mag < ag else 0.0
-            grow += 1.0 if a_mag > ag else 0.0
-            inv_ag = 1.0 / _fmax(ag, 1e-300)
-            s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
-            m_abs = _fmax(m_abs, d)
-            rel = d / (ag + eps_cann)
-            s_rel += rel
-            m_rel = _fmax(m_rel, rel)
-            g_pos = 1.0 if ag > 0.0 else 0.0
-            m_pr = _fmax(m_pr, d * inv_ag * g_pos)
-            zero_bad += (1.0 - g_pos) * (1.0 if d > 0.0 else 0.0)
-            # ULP scale 2^(mant - max(e, min_exp)) built from g's exponent field
-            # (worked on the exponent fields in place, << 52: two shifts and a min fewer;
-            # e >= mant keeps the scale's field at most 2046, so nothing overflows)
-            ulp = _ulp_error(d, gb, mant_bits, floor_bits)
-            m_ulp = _fmax(m_ulp, ulp)
-            s_ulp += ulp
-            n_u1 += 1.0 if ulp > 1.0 else 0.0
-            n_u32 += 1.0 if ulp > 32.0 else 0.0
-            sm = f * (1.0 if ag <= small else 0.0)
-            within_atol = 1.0 if d <= small_atol else 0.0
-            n_small += sm
-            n_small_bad += sm * (1.0 - within_atol)
-            denom = ag + eps_ms
-            big = f - sm
-            within_thou = 1.0 if d <= thou_atol else 0.0
-            ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
-            ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
-            ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
-            n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
-            n_v2 += f * (1.0 if d <= v2_atol + v2_rtol * ag else 0.0)
-            allowed = atol + rtol * ag
-            n_case += f * (1.0 if d <= allowed else 0.0)
-            tol = d / _fmax(allowed, 1e-300)  # allclose's measure d / (atol + rtol |g|)
-            m_tol = _fmax(m_tol, tol)
-            # per element, for the histogram and the heat map: the same NaN / Inf in the same
-            # place is no error (0), any other non-finite pair the largest (1e300), as is any
-            # error beyond it
-            special = 0.0 if eq_special > 0.5 else 1e300
-            kept = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
-            if keep_rels:  # constants of the closure: a variant without stores has none
-                rels[np.uint64(j - lo)] = kept
-            if keep_cells:  # the table cell: exponent and top significand bits, 0 its own
-                cells[np.uint64(j - lo)] = np.uint32(_bits(kept) >> (52 - CELL_BITS)) \
-                    if kept > 0.0 else np.uint32(ZERO_CELL)
-            if keep_tols:
-                tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
-        out[N] = n
-        out[NONFINITE_BAD] = bad
-        out[SPECIAL_EQ] = same
-        out[SUM_REL] = s_rel
-        out[MAX_REL_CANN] = m_rel
-        out[MAX_ABS] = m_abs
-        out[SUM_SQ] = s_sq
-        out[DOT] = dot
-        out[AA] = aa
-        out[GG] = gg
-        out[SUM_EB] = s_eb
-        out[MAX_ULP] = m_ulp
-        out[SUM_ULP] = s_ulp
-        out[N_ULP1] = n_u1
-        out[N_ULP32] = n_u32
-        out[N_SMALL] = n_small
-        out[N_SMALL_BAD] = n_small_bad
-        out[N_OK_1E2] = ok2
-        out[N_OK_1E3] = ok3
-        out[N_OK_1E4] = ok4
-        out[N_REL_BAD] = n_rel_bad
-        out[N_V2] = n_v2
-        out[N_CASE] = n_case
-        out[MAX_REL] = m_pr
-        out[N_ZERO_G_BAD] = zero_bad
-        out[MAX_TOL] = m_tol
-        out[N_SHRINK] = shrink
-        out[N_GROW] = grow
-        out[EB_GT] = eb_gt
-        out[EB_LT] = eb_lt
-        out[MAX_G] = m_g
-        out[ARG_ABS] = -1.0
-        out[ARG_REL] = -1.0
-        return False  # as the clean variant's: the block needs no other variant
-
-    return _block
-
-
-def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool):
-    """The block pass for a block without NaN or Inf. Its loop computes every sum and
-    maximum, the counts that depend on the data everywhere (the error balance's,
-    magnitude bias, ULP > 1, small values and those beyond their atol) and the kept
-    errors, and counts the *loud* elements, d > fl(q |g|) (C_QUIET, _slope_of): a quiet
-    block's tolerance counts are known without a test (all within CANN v2's and the
-    case's tolerance, none beyond msprobe's absolute threshold, no error at a zero
-    golden; for fp32 / fp64 outputs all within the hundredth / thousandth /
-    ten-thousandth too). A loud block counts them in loops of their own over the block
-    while it is in cache (_tolerance_counts, _ratio_counts), as do bf16 / fp16 outputs
-    the ratio family (C_RATIOS); ULP errors over 32 are counted only where the block's
-    largest is (_count_over). 71 instructions per 8 elements where the full variant's
-    loop had 123. Returns True when the block holds NaN / Inf after all (the caller runs
-    the full variant). The sums are the full variant's expressions in the same order, so
-    the figures are the same to the bit."""
+    For a block without NaN or Inf, whose arithmetic needs no masks (a block with one
+    goes through its finite copy: _finite_copy). Its loop computes every sum and maximum,
+    the counts that depend on the data everywhere (the error balance's, magnitude bias,
+    ULP > 1, small values and those beyond their atol) and the kept errors, and counts
+    the *loud* elements, d > fl(q |g|) (C_QUIET, _slope_of): a quiet block's tolerance
+    counts are known without a test (all within CANN v2's and the case's tolerance, none
+    beyond msprobe's absolute threshold, no error at a zero golden; for fp32 / fp64
+    outputs all within the hundredth / thousandth / ten-thousandth too). A loud block
+    counts them in loops of their own over the block while it is in cache
+    (_tolerance_counts, _ratio_counts), as do bf16 / fp16 outputs the ratio family
+    (C_RATIOS); ULP errors over 32 are counted only where the block's largest is
+    (_count_over). 71 instructions per 8 elements, where one loop with masks for NaN /
+    Inf and every count took 123 (that loop's figures, kept as tests/masked_block.py,
+    are these to the bit). Returns True when the block holds NaN / Inf."""
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
@@ -344,9 +197,13 @@ def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_hal
             dot += av * gv
             aa += av * av
             gg += gv * gv
+            # msprobe's error balance against the golden cast to float32 (its NumPy dtype
+            # for fp32 and bf16 outputs) or to half (fp16); a block with any NaN / Inf pair
+            # or a golden beyond the cast's range is counted again exactly (_eb_range)
             g32 = np.float32(gv)
             cast = np.float64(g32)
-            if eb_half:  # as the full variant: the once-rounded half through float32 to odd
+            if eb_half:  # the once-rounded half: to float32 to odd, then to half (Boldo
+                # and Melquiond: float32 has two bits more than half in each binade of it)
                 odd = _bits(g32) - (np.int32(1) if abs(cast) > ag else np.int32(0))
                 cast = _half_of_bits(odd | (np.int32(1) if cast != gv else np.int32(0)))
             eb_gt += 1.0 if av > cast else 0.0
@@ -374,8 +231,10 @@ def _make_quiet_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_hal
             tol = d / _fmax(allowed, 1e-300)
             m_tol = _fmax(m_tol, tol)
             loud += 1.0 if d > quiet * ag else 0.0
+            # per element, for the histogram and the heat map: any error beyond 1e300 is
+            # 1e300, as a NaN / Inf placement mismatch's (_settle_specials)
             kept = rel if rel < 1e300 else 1e300
-            if keep_rels:
+            if keep_rels:  # constants of the closure: a variant without stores has none
                 rels[np.uint64(j - lo)] = kept
             if keep_cells:
                 cells[np.uint64(j - lo)] = np.uint32(_bits(kept) >> (52 - CELL_BITS)) \
@@ -490,22 +349,14 @@ def _ratio_counts(a, g, lo, hi, c, out):
 # alone; the floor's (the histogram's cells, or nothing); and the kernel's for fp16,
 # whose error balance is against the golden cast to half. Module globals, so that a pass
 # calling them is cached (numba caches no function that holds a compiled one in a closure)
-_block_tols = _make_block(False, True, True)
-_block_rels = _make_block(True, False, True)
-_block_cells = _make_block(False, False, True)
-_block_metrics = _make_block(False, False, False)
-_clean_block_tols = _make_quiet_block(False, True, True, False)
-_clean_block_rels = _make_quiet_block(True, False, True, False)
-_clean_block_cells = _make_quiet_block(False, False, True, False)
-_clean_block_metrics = _make_quiet_block(False, False, False, False)
-_half_block_tols = _make_block(False, True, True, eb_half=True)
-_half_block_rels = _make_block(True, False, True, eb_half=True)
-_half_block_cells = _make_block(False, False, True, eb_half=True)
-_half_block_metrics = _make_block(False, False, False, eb_half=True)
-_clean_half_block_tols = _make_quiet_block(False, True, True, True)
-_clean_half_block_rels = _make_quiet_block(True, False, True, True)
-_clean_half_block_cells = _make_quiet_block(False, False, True, True)
-_clean_half_block_metrics = _make_quiet_block(False, False, False, True)
+_block_tols = _make_block(False, True, True, False)
+_block_rels = _make_block(True, False, True, False)
+_block_cells = _make_block(False, False, True, False)
+_block_metrics = _make_block(False, False, False, False)
+_half_block_tols = _make_block(False, True, True, True)
+_half_block_rels = _make_block(True, False, True, True)
+_half_block_cells = _make_block(False, False, True, True)
+_half_block_metrics = _make_block(False, False, False, True)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -681,6 +532,70 @@ KEEP = {"tol": (False, True, True), "rel": (True, False, True), "hist": (False, 
         "none": (False, False, False)}
 
 
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _finite_copy(x, xbits, xexp, xman, g, gbits, sx, sg, spots):
+    """sx, sg = x, g with every pair that holds NaN or Inf set to (0, 0), where the lean
+    block variant adds nothing to a sum or maximum, exactly as the masks of a pass that
+    leaves such pairs out of its arithmetic would; spots[k] = 2 j + 1 for the k-th such
+    pair at j when it is a placement mismatch, 2 j when it is the same NaN or the same
+    signed Inf. Returns how many there are. Each run of 64 elements is tested at once
+    (vectorised) and looked into only when it holds one."""
+    n = x.shape[0]
+    k = 0
+    for lo in range(0, n, 64):
+        hi = min(lo + 64, n)
+        some = 0
+        for j in range(lo, hi):
+            i = np.uint64(j)
+            some += 1 if ((np.int64(xbits[i]) & xexp) == xexp) | \
+                ((gbits[i] & _F64_EXP) == _F64_EXP) else 0
+        if some == 0:
+            continue
+        for j in range(lo, hi):
+            xb, gb = np.int64(xbits[j]), gbits[j]
+            x_spec, g_spec = (xb & xexp) == xexp, (gb & _F64_EXP) == _F64_EXP
+            if x_spec or g_spec:
+                x_nan, g_nan = x_spec and (xb & xman) != 0, g_spec and (gb & _F64_MAN) != 0
+                same = (x_nan and g_nan) or (x_spec and g_spec and not x_nan and not g_nan
+                                              and (xb < 0) == (gb < 0))
+                spots[k] = 2 * j + (0 if same else 1)
+                k += 1
+    sx[:] = x
+    sg[:] = g
+    for m in range(k):
+        sx[spots[m] >> 1] = 0.0
+        sg[spots[m] >> 1] = 0.0
+    return k
+
+
+_FAR = 1e300  # the error kept for a placement mismatch: larger than any other
+_FAR_CELL = np.uint32(np.float64(_FAR).view(np.int64) >> (52 - CELL_BITS))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _settle_specials(out, spots, k, rels, tols, cells):
+    """A block's figures from the lean variant over its finite copy (_finite_copy) made
+    the block's own: its k NaN / Inf pairs counted as such rather than as pairs of zeros
+    (each had added one to the finite pairs, the small values and every within-tolerance
+    count), and a placement mismatch's kept error the largest (an equal NaN / Inf's is 0,
+    as the copy's zeros gave). rels, tols, cells: empty when not kept."""
+    bad = 0.0
+    for m in range(k):
+        if spots[m] & 1:
+            bad += 1.0
+            j = spots[m] >> 1
+            if rels.shape[0]:
+                rels[j] = _FAR
+            if tols.shape[0]:
+                tols[j] = _FAR
+            if cells.shape[0]:
+                cells[j] = _FAR_CELL
+    for slot in (N, N_SMALL, N_OK_1E2, N_OK_1E3, N_OK_1E4, N_V2, N_CASE):
+        out[slot] -= k
+    out[NONFINITE_BAD] = bad
+    out[SPECIAL_EQ] = k - bad
+
+
 @functools.cache
 def _make_pass(kernel: str, eb_half: bool):
     """The whole pass over a chunk, compiled per set of the kernel's kept errors
@@ -693,7 +608,8 @@ def _make_pass(kernel: str, eb_half: bool):
 
     @njit(cache=True, parallel=True, error_model="numpy")
     def _pass(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
-              base, t1, t2, heat, where, starts, ends, scratch, cells_of, flagged_of):
+              base, t1, t2, heat, where, starts, ends, scratch, cells_of, flagged_of,
+              finite_a_of, finite_abits_of):
         """Per block: the kernel's metrics and error balance counts, then (out_f not
         empty) the golden rounded to the output dtype and its metrics and counts, then
         (hist not empty) both histograms and (heat not empty) the kernel's heat map, all
@@ -701,9 +617,15 @@ def _make_pass(kernel: str, eb_half: bool):
         floor's (2, 3). where: the chunk's first element, the tensor's rows and columns,
         and 1 when the heat map shows allclose's d / (atol + rtol |g|) rather than the
         relative error. Each thread walks every n_threads-th block with buffers of its
-        own (rels, tols, the rounded golden, msprobe's cast golden; the errors' table
-        cells; the histogram's flagged elements), made once per call: a fresh 512 KiB
-        array per block was a fresh mapping, paid for in page faults."""
+        own (rels, tols, the rounded golden, msprobe's cast golden, the finite copies of
+        a block with NaN / Inf; the errors' table cells; the histogram's flagged
+        elements), made once per call: a fresh 512 KiB array per block was a fresh
+        mapping, paid for in page faults.
+
+        Every block goes through the lean variant: a block with NaN or Inf through its
+        finite copy (_finite_copy, _settle_specials), and so does the thread's next
+        block, where NaN / Inf spread through a tensor would make the try on the block
+        itself a waste."""
         n = a.shape[0]
         floor = out_f.shape[0] > 0
         counts = hist.shape[0] > 0
@@ -712,10 +634,36 @@ def _make_pass(kernel: str, eb_half: bool):
         first, rows, cols, by_tol = where[0], where[1], where[2], where[3] == 1
         n_threads = scratch.shape[0]
         n_blocks = out.shape[0]
+
+        def kernel_block(x, xbits, y, ybits, ob, rels, tols, kept):
+            """The kernel's lean block variant, for what the pass keeps: True when the
+            block holds NaN / Inf."""
+            args = (x, xbits, aexp, aman, y, ybits, 0, x.shape[0], c, ob, rels, tols, kept)
+            if eb_half:
+                if keep_tols:
+                    return _half_block_tols(*args)
+                if keep_rels:
+                    return _half_block_rels(*args)
+                if keep_cells:
+                    return _half_block_cells(*args)
+                return _half_block_metrics(*args)
+            if keep_tols:
+                return _block_tols(*args)
+            if keep_rels:
+                return _block_rels(*args)
+            if keep_cells:
+                return _block_cells(*args)
+            return _block_metrics(*args)
+
+        def floor_block(x, xbits, y, ybits, ob, rels, tols, kept):
+            """The floor's lean block variant: the cells when the kernel keeps them."""
+            args = (x, xbits, _F64_EXP, _F64_MAN, y, ybits, 0, x.shape[0], c, ob, rels,
+                    tols, kept)
+            if keep_cells:
+                return _block_cells(*args)
+            return _block_metrics(*args)
+
         for t in prange(n_threads):
-            # a block after one with NaN / Inf goes straight to the full variant: where
-            # they are spread through a tensor, the clean try would be paid for in every
-            # block
             try_clean = True
             flagged = flagged_of[t]
             for b in range(t, n_blocks, n_threads):
@@ -725,34 +673,20 @@ def _make_pass(kernel: str, eb_half: bool):
                 tols = scratch[t, 1, :hi - lo]
                 r = scratch[t, 2, :hi - lo]
                 cast = scratch[t, 3, :hi - lo]
+                finite_g = scratch[t, 4, :hi - lo]
+                finite_a = finite_a_of[t, :hi - lo]
+                finite_abits = finite_abits_of[t, :hi - lo]
                 kept = cells_of[t, :hi - lo]
                 ob = out[b]
-                args = (a, abits, aexp, aman, g, gbits, lo, hi, c, ob, rels, tols, kept)
-                # the clean variant first, the full one when the block holds NaN / Inf
-                # (both give the same figures on a clean block)
-                if eb_half:
-                    if keep_tols:
-                        if not try_clean or _clean_half_block_tols(*args):
-                            _half_block_tols(*args)
-                    elif keep_rels:
-                        if not try_clean or _clean_half_block_rels(*args):
-                            _half_block_rels(*args)
-                    elif keep_cells:
-                        if not try_clean or _clean_half_block_cells(*args):
-                            _half_block_cells(*args)
-                    elif not try_clean or _clean_half_block_metrics(*args):
-                        _half_block_metrics(*args)
-                elif keep_tols:
-                    if not try_clean or _clean_block_tols(*args):
-                        _block_tols(*args)
-                elif keep_rels:
-                    if not try_clean or _clean_block_rels(*args):
-                        _block_rels(*args)
-                elif keep_cells:
-                    if not try_clean or _clean_block_cells(*args):
-                        _block_cells(*args)
-                elif not try_clean or _clean_block_metrics(*args):
-                    _block_metrics(*args)
+                x, xbits, y, ybits = a[lo:hi], abits[lo:hi], g[lo:hi], gbits[lo:hi]
+                if not try_clean or kernel_block(x, xbits, y, ybits, ob, rels, tols, kept):
+                    k = _finite_copy(x, xbits, aexp, aman, y, ybits, finite_a, finite_g,
+                                     flagged)
+                    kernel_block(finite_a, finite_abits, finite_g, finite_g.view(np.int64),
+                                 ob, rels, tols, kept)
+                    _settle_specials(ob, flagged, k, rels if keep_rels else rels[:0],
+                                     tols if keep_tols else tols[:0],
+                                     kept if keep_cells else kept[:0])
                 clean = ob[NONFINITE_BAD] == 0.0 and ob[SPECIAL_EQ] == 0.0
                 if heats:
                     _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts,
@@ -767,21 +701,23 @@ def _make_pass(kernel: str, eb_half: bool):
                 # fp16 with its floor: the rounded golden is msprobe's cast, where the
                 # block's own counts cannot be taken
                 rounded = r if floor and same_format and rp_eb[0] != 24.0 else r[:0]
-                _eb_of_block(a[lo:hi], g, gbits, lo, hi, rp_eb, ob, eb_half, eb[b, 0:2],
-                             cast, rounded)
+                _eb_of_block(x, g, gbits, lo, hi, rp_eb, ob, eb_half, eb[b, 0:2], cast,
+                             rounded)
                 if floor:
-                    # the rounded golden is NaN / Inf where the golden is: the kernel's
-                    # block tells
-                    gb = g[lo:hi]
-                    f_args = (r, r.view(np.int64), _F64_EXP, _F64_MAN, gb, gbits[lo:hi], 0,
-                              hi - lo, c, out_f[b], rels, tols, kept)
-                    if keep_cells:
-                        if not clean or _clean_block_cells(*f_args):
-                            _block_cells(*f_args)
-                    elif not clean or _clean_block_metrics(*f_args):
-                        _block_metrics(*f_args)
+                    # the rounded golden is NaN / Inf where the golden is (and where a
+                    # finite golden overflows the output dtype): the kernel's block tells
+                    # where to look
+                    ofb = out_f[b]
+                    rbits = r.view(np.int64)
+                    if not clean or floor_block(r, rbits, y, ybits, ofb, rels, tols, kept):
+                        k = _finite_copy(r, rbits, _F64_EXP, _F64_MAN, y, ybits, cast,
+                                         finite_g, flagged)
+                        floor_block(cast, cast.view(np.int64), finite_g,
+                                    finite_g.view(np.int64), ofb, rels, tols, kept)
+                        _settle_specials(ofb, flagged, k, rels[:0], tols[:0],
+                                         kept if keep_cells else kept[:0])
                     if counts:
-                        _count_cells(kept, r, gb, 0, cells, base, t1, t2, flagged,
+                        _count_cells(kept, r, y, 0, cells, base, t1, t2, flagged,
                                      hist[b, 1])
                     if not same_format:
                         _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], False,
@@ -1065,25 +1001,32 @@ class Measured(NamedTuple):
 _BUFFERS = threading.local()
 
 
-def _buffers(n_threads: int, width: int, upcast: bool):
-    """The pass's per-thread buffers (errors, rounded and cast golden: 4 x width float64;
-    the histogram's flagged elements; the errors' table cells) and (``upcast``) the
-    float32 chunk that bf16 / fp16 outputs are upcast into. Full-block ones are kept for
-    the calling thread's next call: fresh, they were 5.5 MiB of page faults in every
-    compare of an output of a block or more (a run compares thousands)."""
-    shape = (n_threads, width)
+def _buffers(n_threads: int, width: int, finite_dtype, upcast: bool):
+    """The pass's per-thread buffers: errors, rounded and cast golden and the golden's
+    finite copy (5 x width float64); the histogram's flagged elements; the errors' table
+    cells; the actual's finite copy (``finite_dtype``); and (``upcast``) the float32 chunk
+    that bf16 / fp16 outputs are upcast into. Full-block ones are kept for the calling
+    thread's next call: fresh, they were 5.5 MiB of page faults in every compare of an
+    output of a block or more (a run compares thousands)."""
     if width < BLOCK:
-        return (np.empty((n_threads, 4, width)), np.empty(shape, dtype=np.int64),
-                np.empty(shape, dtype=np.uint32),
-                torch.empty(width, dtype=torch.float32) if upcast else None)
-    kept = getattr(_BUFFERS, "full", None)
-    if kept is None or kept[0].shape[0] != n_threads:
-        kept = [np.empty((n_threads, 4, width)), np.empty(shape, dtype=np.int64),
-                np.empty(shape, dtype=np.uint32), None]
-        _BUFFERS.full = kept
-    if upcast and kept[3] is None:
-        kept[3] = torch.empty(CHUNK, dtype=torch.float32)
-    return kept[0], kept[1], kept[2], kept[3] if upcast else None
+        kept = {}
+    else:
+        kept = getattr(_BUFFERS, "full", None)
+        if kept is None or kept["scratch"].shape[0] != n_threads:
+            kept = _BUFFERS.full = {}
+    shape = (n_threads, width)
+    made = {"scratch": lambda: np.empty((n_threads, 5, width)),
+            "flagged": lambda: np.empty(shape, dtype=np.int64),
+            "cells": lambda: np.empty(shape, dtype=np.uint32),
+            np.dtype(finite_dtype).name: lambda: np.empty(shape, dtype=finite_dtype),
+            "upcast": lambda: torch.empty(min(width, CHUNK) if width < BLOCK else CHUNK,
+                                          dtype=torch.float32)}
+    for name in ("scratch", "flagged", "cells", np.dtype(finite_dtype).name) + \
+            (("upcast",) if upcast else ()):
+        if name not in kept:
+            kept[name] = made[name]()
+    return (kept["scratch"], kept["flagged"], kept["cells"],
+            kept[np.dtype(finite_dtype).name], kept["upcast"] if upcast else None)
 
 
 def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
@@ -1121,8 +1064,11 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
     # golden and the histogram's flagged elements, reused by every block the thread takes
     n_threads = max(1, min(numba.get_num_threads(), -(-total // BLOCK)))
-    scratch, flagged, kept_cells, upcast = _buffers(
-        n_threads, min(BLOCK, max(total, 1)), a.dtype not in (torch.float32, torch.float64))
+    up = a.dtype not in (torch.float32, torch.float64)
+    scratch, flagged, kept_cells, finite_a, upcast = _buffers(
+        n_threads, min(BLOCK, max(total, 1)),
+        np.float64 if a.dtype == torch.float64 else np.float32, up)
+    finite_abits = finite_a.view(np.int32 if finite_a.dtype == np.float32 else np.int64)
     for start in range(0, total, CHUNK):
         stop = min(start + CHUNK, total)
         g_np = g[start:stop].numpy()
@@ -1137,7 +1083,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         where = np.array([start, rows, cols, heat == "tol"], dtype=np.int64)
         pass_(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb, parts,
               parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1, _HIST_T2,
-              heat_blocks, where, starts, ends, scratch, kept_cells, flagged)
+              heat_blocks, where, starts, ends, scratch, kept_cells, flagged, finite_a,
+              finite_abits)
         if heat:
             np.maximum(grid, heat_blocks.max(axis=0), out=grid)
         acc_a.append(parts)
