@@ -140,10 +140,18 @@ def _ulp_error(d, gb, mant_bits, floor_bits):
     """msprobe's ULP error d * 2^(mant - max(e, min_exp)) of an error d against a golden of
     IEEE bits gb, its scale built on the exponent fields in place (<< 52: two shifts and a
     min fewer; e >= mant keeps the scale's field at most 2046, so nothing overflows).
-    mant_bits = mant << 52, floor_bits = max(min_exp + 1023, mant) << 52."""
+    mant_bits and floor_bits: _ulp_fields."""
     e_bits = gb & _F64_EXP
     e_bits = e_bits if e_bits > floor_bits else floor_bits
     return d * _as_float(_F64_MAX_FIELD - (e_bits - mant_bits))
+
+
+@njit(inline="always")
+def _ulp_fields(c):
+    """(mant << 52, max(min_exp + 1023, mant) << 52): the exponent fields _ulp_error
+    takes, from the dtype's constants."""
+    mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
+    return mant << 52, max(min_field, mant) << 52
 
 
 def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool):
@@ -154,7 +162,8 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     looks up one table: 0.51 ns an element, from the errors themselves 0.83); none for
     metrics alone. ``eb_half``: msprobe's error balance against the golden cast to IEEE
     half (fp16 outputs) rather than float32; counted in a pass of its own over the
-    golden, fp16's metrics took 64 ms at [7168, 4096], here 45-50.
+    golden, fp16's metrics took 64 ms at [7168, 4096], in the block pass 45-50 (measured
+    when it moved there).
 
     For a block without NaN or Inf, whose arithmetic needs no masks (a block with one
     goes through its finite copy: _finite_copy). Its loop computes every sum and maximum,
@@ -167,16 +176,14 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     counts them in loops of their own over the block while it is in cache
     (_tolerance_counts, _ratio_counts), as do bf16 / fp16 outputs the ratio family
     (C_RATIOS); ULP errors over 32 are counted only where the block's largest is
-    (_count_over). 71 instructions per 8 elements, where one loop with masks for NaN /
-    Inf and every count took 123 (that loop's figures, kept as tests/masked_block.py,
+    (_count_over). 65 instructions per 8 elements at fp32, where one loop with masks for
+    NaN / Inf and every count took 123 (that loop's figures, kept as tests/masked_block.py,
     are these to the bit). Returns True when the block holds NaN / Inf."""
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
         eps_cann, small = c[C_EPS_CANN], c[C_SMALL]
-        mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
-        mant_bits = mant << 52
-        floor_bits = max(min_field, mant) << 52
+        mant_bits, floor_bits = _ulp_fields(c)
         atol, rtol, quiet, small_atol = c[C_ATOL], c[C_RTOL], c[C_QUIET], c[C_SMALL_ATOL]
         s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
         s_eb = m_ulp = s_ulp = n_u1 = n_small = n_small_bad = 0.0
@@ -288,9 +295,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def _count_over(a, g, gbits, lo, hi, c, limit):
     """How many ULP errors of a finite block a[lo:hi] against g[lo:hi] exceed ``limit``."""
-    mant, min_field = np.int64(c[C_MANT]), np.int64(c[C_MIN_EXP]) + 1023
-    mant_bits = mant << 52
-    floor_bits = max(min_field, mant) << 52
+    mant_bits, floor_bits = _ulp_fields(c)
     over = 0.0
     for j in range(lo, hi):
         i = np.uint64(j)
@@ -302,8 +307,8 @@ def _count_over(a, g, gbits, lo, hi, c, limit):
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def _tolerance_counts(a, g, lo, hi, c, out):
     """The tolerance counts of a finite block a[lo:hi] against g[lo:hi] into out, in the
-    full block variant's expressions: msprobe's absolute threshold, CANN v2's and the
-    case's tolerance, errors at a zero golden."""
+    masked one-loop pass's expressions (tests/masked_block.py): msprobe's absolute
+    threshold, CANN v2's and the case's tolerance, errors at a zero golden."""
     v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
     small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
     n_rel_bad = n_v2 = n_case = zero_bad = 0.0
@@ -325,7 +330,7 @@ def _tolerance_counts(a, g, lo, hi, c, out):
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def _ratio_counts(a, g, lo, hi, c, out):
     """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
-    against g[lo:hi] into out, in the full block variant's expressions."""
+    against g[lo:hi] into out, in the masked one-loop pass's expressions."""
     small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
     ok2 = ok3 = ok4 = 0.0
     for j in range(lo, hi):
@@ -1005,28 +1010,27 @@ def _buffers(n_threads: int, width: int, finite_dtype, upcast: bool):
     """The pass's per-thread buffers: errors, rounded and cast golden and the golden's
     finite copy (5 x width float64); the histogram's flagged elements; the errors' table
     cells; the actual's finite copy (``finite_dtype``); and (``upcast``) the float32 chunk
-    that bf16 / fp16 outputs are upcast into. Full-block ones are kept for the calling
-    thread's next call: fresh, they were 5.5 MiB of page faults in every compare of an
-    output of a block or more (a run compares thousands)."""
-    if width < BLOCK:
-        kept = {}
-    else:
+    that bf16 / fp16 outputs are upcast into. Full-block ones (6.5 MiB on 2 threads) are
+    kept for the calling thread's next call rather than allocated again by every compare
+    of an output of a block or more (a run compares thousands)."""
+    kept = {}
+    if width == BLOCK:
         kept = getattr(_BUFFERS, "full", None)
         if kept is None or kept["scratch"].shape[0] != n_threads:
             kept = _BUFFERS.full = {}
     shape = (n_threads, width)
-    made = {"scratch": lambda: np.empty((n_threads, 5, width)),
-            "flagged": lambda: np.empty(shape, dtype=np.int64),
-            "cells": lambda: np.empty(shape, dtype=np.uint32),
-            np.dtype(finite_dtype).name: lambda: np.empty(shape, dtype=finite_dtype),
-            "upcast": lambda: torch.empty(min(width, CHUNK) if width < BLOCK else CHUNK,
-                                          dtype=torch.float32)}
-    for name in ("scratch", "flagged", "cells", np.dtype(finite_dtype).name) + \
-            (("upcast",) if upcast else ()):
-        if name not in kept:
-            kept[name] = made[name]()
-    return (kept["scratch"], kept["flagged"], kept["cells"],
-            kept[np.dtype(finite_dtype).name], kept["upcast"] if upcast else None)
+    if "scratch" not in kept:
+        kept.update(scratch=np.empty((n_threads, 5, width)),
+                    flagged=np.empty(shape, dtype=np.int64),
+                    cells=np.empty(shape, dtype=np.uint32))
+    finite = np.dtype(finite_dtype).name
+    if finite not in kept:
+        kept[finite] = np.empty(shape, dtype=finite_dtype)
+    if upcast and "upcast" not in kept:
+        kept["upcast"] = torch.empty(CHUNK if width == BLOCK else width,
+                                     dtype=torch.float32)
+    return (kept["scratch"], kept["flagged"], kept["cells"], kept[finite],
+            kept.get("upcast") if upcast else None)
 
 
 def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
