@@ -133,6 +133,50 @@ def test_the_lean_block_pass_is_the_masked_one_to_the_bit(dtype):
         assert m[metrics.SPECIAL_EQ] == 3 * 40 and m[metrics.NONFINITE_BAD] == 6 * 40
 
 
+@pytest.mark.parametrize("tols", [(None, None), (0.0, 0.0)], ids=["default", "zero"])
+def test_the_floor_block_rounding_as_it_goes_is_the_one_over_the_rounded_golden(tols):
+    """The fp32 floor's block variant that rounds the golden itself gives every slot and
+    cell of the block variant over the golden rounded beforehand (by the general
+    rounding, _round_range), to the bit: quiet blocks, and loud ones (zero tolerances)
+    whose tolerance and ratio counts run in loops of their own, rounding too; goldens of
+    0, subnormal, ties of the format and just under them, the largest finite; a golden
+    the rounding overflows is reported as NaN / Inf, for the pass to take the rounded
+    copy."""
+    dtype = torch.float32
+    rng = np.random.default_rng(3)
+    n = 4096 + 7
+    bits, emin, vmax = metrics._rounding_of(dtype)
+    g = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)
+    g[:40] = 0.0
+    g[40:80] = 2.0 ** (emin - 3) * rng.uniform(-1, 1, 40)  # the format's subnormals
+    g[80:120] = (rng.integers(1 << int(bits - 1), 1 << int(bits), 40) + 0.5) * 2.0 ** (1 - bits)  # ties
+    g[120:160] = g[80:120] * (1 - 2.0 ** -40)  # just under a tie: float32 rounds it up
+    g[160:164] = vmax
+    d_atol, d_rtol = metrics.default_tolerances(dtype)
+    atol, rtol = (d_atol, d_rtol) if tols[0] is None else tols
+    c = metrics._constants(dtype, atol, rtol)
+    gbits = g.view(np.int64)
+    r = np.empty_like(g)
+    metrics._round_range(g, gbits, 0, n, metrics._rounding_of(dtype), r)
+    exp, man = metrics._F64_EXP, metrics._F64_MAN
+    for on_the_fly, over_rounded in ((metrics._floor_f32_cells, metrics._block_cells),
+                                     (metrics._floor_f32_metrics, metrics._block_metrics)):
+        slots = []
+        for variant, x in ((on_the_fly, g), (over_rounded, r)):
+            out, cells = np.zeros(metrics.N_SLOTS), np.zeros(n, dtype=np.uint32)
+            assert not variant(x, x.view(np.int64), exp, man, g, gbits, 0, n, c, out,
+                               np.zeros(n), np.zeros(n), cells)
+            slots.append(np.concatenate([out, cells.astype(np.float64)]).view(np.int64))
+        assert (slots[0] == slots[1]).all()
+        loud = slots[0][:metrics.N_SLOTS].view(np.float64)[metrics.N_CASE] < n
+        assert loud == (tols[0] is not None)
+    over = g.copy()
+    over[7] = vmax * 2
+    assert metrics._floor_f32_cells(over, over.view(np.int64), exp, man, over,
+                                      over.view(np.int64), 0, n, c, np.zeros(metrics.N_SLOTS),
+                                      np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.uint32))
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16,
                                    torch.float16])
 @pytest.mark.parametrize("tols", [(None, None), (0.0, 1e-3), (1e-5, 0.0), (0.0, 0.0)])
@@ -355,5 +399,5 @@ def test_the_float32_floor_by_conversion_rounds_as_the_software_rounding():
     from verify.comparator import metrics as M
     soft, hard = np.empty_like(v), np.empty_like(v)
     M._round_range(v, v.view(np.int64), 0, v.size, M._rounding_of(torch.float32), soft)
-    M._to_f32_range(v, 0, v.size, hard)
+    M._rounded_range(v, 0, v.size, M.ROUND_F32, hard)
     assert (soft.view(np.int64) == hard.view(np.int64)).all()

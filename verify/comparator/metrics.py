@@ -127,6 +127,46 @@ def _half_of_bits(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _f32_of_bits(typingctx, bits):
+    """The float32 of IEEE bits ``bits`` (int32), as float64."""
+    sig = types.float64(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.FloatType()), ir.DoubleType())
+
+    return sig, codegen
+
+
+# the formats the block pass rounds a golden into on the fly (_rounded): float32, bfloat16
+# and IEEE half; 0 for the others (float64), rounded by _round_range
+ROUND_F32, ROUND_BF16, ROUND_F16 = 1, 2, 3
+
+
+@njit(inline="always")
+def _rounded(gv, kind):
+    """The float64 ``gv`` rounded once, to nearest with ties to even, into float32
+    (``kind`` ROUND_F32: the hardware's conversion), bfloat16 or IEEE half (ROUND_BF16,
+    ROUND_F16), as float64: the latter two from float32 rounded to odd, which has two
+    bits more than either in each of its binades, so rounding that to nearest is rounding
+    once (Boldo and Melquiond); then bfloat16 by adding half its last place to the bits
+    (ties to even: and the bit above), half by the hardware's conversion. Subnormals and
+    overflow to inf as IEEE says; NaN / Inf pass. The fp32 floor's block rounds so as it
+    goes; bf16 / fp16 floors are rounded in a pass of their own (_rounded_range: 0.65 /
+    0.47 ns an element, _round_range's general rounding 0.64 / 0.65), as rounding inside
+    the block loop made it slower there (3.2 / 3.65 ns an element against 2.7)."""
+    g32 = np.float32(gv)
+    cast = np.float64(g32)
+    if kind == ROUND_F32:
+        return cast
+    odd = (_bits(g32) - (np.int32(1) if abs(cast) > abs(gv) else np.int32(0))) \
+        | (np.int32(1) if cast != gv else np.int32(0))
+    if kind == ROUND_F16:
+        return _half_of_bits(odd)
+    up = odd + np.int32(0x7FFF) + ((odd >> np.int32(16)) & np.int32(1))
+    return _f32_of_bits(up & np.int32(-65536))
+
+
 FLAG = 0xFF  # a table cell that holds a bin edge: its elements are binned exactly
 ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
 CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells, 512 KiB, of
@@ -154,7 +194,8 @@ def _ulp_fields(c):
     return mant << 52, max(min_field, mant) << 52
 
 
-def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool):
+def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool,
+                floor_of: int = 0):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
     (``keep_tols``, a heat map of that), and each relative error's histogram table cell
@@ -178,7 +219,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     (C_RATIOS); ULP errors over 32 are counted only where the block's largest is
     (_count_over). 65 instructions per 8 elements at fp32, where one loop with masks for
     NaN / Inf and every count took 123 (that loop's figures, kept as tests/masked_block.py,
-    are these to the bit). Returns True when the block holds NaN / Inf."""
+    are these to the bit). Returns True when the block holds NaN / Inf.
+
+    ``floor_of`` (ROUND_F32): the error floor's block, whose actual is the golden rounded
+    to the output's format as the loop goes (_rounded; a and abits are not read, aexp is
+    float64's): no pass of its own writing a rounded block for this one to read again
+    (fp32: 1.83 -> 1.44 ns an element, one thread on a block in cache)."""
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
@@ -191,12 +237,16 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         top_a = top_g = np.int64(0)  # the largest exponent fields: all ones at NaN / Inf
         for j in range(lo, hi):
             i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
-            ab = np.int64(abits[i])
             gb = gbits[i]
+            gv = g[i]
+            if floor_of:
+                av = _rounded(gv, floor_of)
+                ab = _bits(av)
+            else:
+                ab = np.int64(abits[i])
+                av = np.float64(a[i])
             top_a = max(top_a, ab & aexp)
             top_g = max(top_g, gb & _F64_EXP)
-            av = np.float64(a[i])
-            gv = g[i]
             diff = av - gv
             d = abs(diff)
             ag = abs(gv)
@@ -252,12 +302,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             return True
         n = np.float64(hi - lo)
         if loud > 0.0 or quiet < 0.0:
-            _tolerance_counts(a, g, lo, hi, c, out)
+            _tolerance_counts_of(floor_of, a, g, lo, hi, c, out)
         else:
             out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
             out[N_V2] = out[N_CASE] = n
         if loud > 0.0 or quiet < 0.0 or c[C_RATIOS] > 0.0:
-            _ratio_counts(a, g, lo, hi, c, out)
+            _ratio_counts_of(floor_of, a, g, lo, hi, c, out)
         else:
             out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
         out[N_SMALL_BAD] = n_small_bad
@@ -276,7 +326,8 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         out[SUM_ULP] = s_ulp
         out[N_ULP1] = n_u1
         # ULP errors over 32 are rare: counted only in a block that has one
-        out[N_ULP32] = _count_over(a, g, gbits, lo, hi, c, 32.0) if m_ulp > 32.0 else 0.0
+        out[N_ULP32] = _count_over_of(floor_of, a, g, gbits, lo, hi, c, 32.0) \
+            if m_ulp > 32.0 else 0.0
         out[N_SMALL] = n_small
         out[MAX_REL] = m_pr
         out[MAX_TOL] = m_tol
@@ -292,68 +343,113 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     return _block
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _count_over(a, g, gbits, lo, hi, c, limit):
-    """How many ULP errors of a finite block a[lo:hi] against g[lo:hi] exceed ``limit``."""
-    mant_bits, floor_bits = _ulp_fields(c)
-    over = 0.0
-    for j in range(lo, hi):
-        i = np.uint64(j)
-        d = abs(np.float64(a[i]) - g[i])
-        over += 1.0 if _ulp_error(d, gbits[i], mant_bits, floor_bits) > limit else 0.0
-    return over
+@njit(inline="always")
+def _actual_at(a, g, i, kind):
+    """The actual at i as float64: a's, or (``kind``, a ROUND_ kind) the golden's rounded."""
+    return _rounded(g[i], kind) if kind else np.float64(a[i])
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _tolerance_counts(a, g, lo, hi, c, out):
-    """The tolerance counts of a finite block a[lo:hi] against g[lo:hi] into out, in the
-    masked one-loop pass's expressions (tests/masked_block.py): msprobe's absolute
-    threshold, CANN v2's and the case's tolerance, errors at a zero golden."""
-    v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
-    small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
-    n_rel_bad = n_v2 = n_case = zero_bad = 0.0
-    for j in range(lo, hi):
-        i = np.uint64(j)
-        d = abs(np.float64(a[i]) - g[i])
-        ag = abs(g[i])
-        zero_bad += (1.0 if ag == 0.0 else 0.0) * (1.0 if d > 0.0 else 0.0)
-        big = 1.0 - (1.0 if ag <= small else 0.0)
-        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
-        n_v2 += 1.0 if d <= v2_atol + v2_rtol * ag else 0.0
-        n_case += 1.0 if d <= atol + rtol * ag else 0.0
-    out[N_REL_BAD] = n_rel_bad
-    out[N_V2] = n_v2
-    out[N_CASE] = n_case
-    out[N_ZERO_G_BAD] = zero_bad
+def _make_counts(kind: int):
+    """The counts a block pass takes in loops of their own, for a block whose actual is
+    a (``kind`` 0) or the golden rounded as the loop goes (a ROUND_ kind: the floor's
+    block, _make_block's floor_of); kind is a constant of each loop."""
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+    def count_over(a, g, gbits, lo, hi, c, limit):
+        """How many ULP errors of a finite block a[lo:hi] against g[lo:hi] exceed
+        ``limit``."""
+        mant_bits, floor_bits = _ulp_fields(c)
+        over = 0.0
+        for j in range(lo, hi):
+            i = np.uint64(j)
+            d = abs(_actual_at(a, g, i, kind) - g[i])
+            over += 1.0 if _ulp_error(d, gbits[i], mant_bits, floor_bits) > limit else 0.0
+        return over
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+    def tolerance_counts(a, g, lo, hi, c, out):
+        """The tolerance counts of a finite block a[lo:hi] against g[lo:hi] into out, in
+        the masked one-loop pass's expressions (tests/masked_block.py): msprobe's
+        absolute threshold, CANN v2's and the case's tolerance, errors at a zero
+        golden."""
+        v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
+        small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
+        n_rel_bad = n_v2 = n_case = zero_bad = 0.0
+        for j in range(lo, hi):
+            i = np.uint64(j)
+            d = abs(_actual_at(a, g, i, kind) - g[i])
+            ag = abs(g[i])
+            zero_bad += (1.0 if ag == 0.0 else 0.0) * (1.0 if d > 0.0 else 0.0)
+            big = 1.0 - (1.0 if ag <= small else 0.0)
+            n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
+            n_v2 += 1.0 if d <= v2_atol + v2_rtol * ag else 0.0
+            n_case += 1.0 if d <= atol + rtol * ag else 0.0
+        out[N_REL_BAD] = n_rel_bad
+        out[N_V2] = n_v2
+        out[N_CASE] = n_case
+        out[N_ZERO_G_BAD] = zero_bad
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+    def ratio_counts(a, g, lo, hi, c, out):
+        """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
+        against g[lo:hi] into out, in the masked one-loop pass's expressions."""
+        small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
+        ok2 = ok3 = ok4 = 0.0
+        for j in range(lo, hi):
+            i = np.uint64(j)
+            d = abs(_actual_at(a, g, i, kind) - g[i])
+            ag = abs(g[i])
+            sm = 1.0 if ag <= small else 0.0
+            denom = ag + eps_ms
+            big = 1.0 - sm
+            within_thou = 1.0 if d <= thou_atol else 0.0
+            ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
+            ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
+            ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
+        out[N_OK_1E2] = ok2
+        out[N_OK_1E3] = ok3
+        out[N_OK_1E4] = ok4
+
+    return count_over, tolerance_counts, ratio_counts
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _ratio_counts(a, g, lo, hi, c, out):
-    """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
-    against g[lo:hi] into out, in the masked one-loop pass's expressions."""
-    small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
-    ok2 = ok3 = ok4 = 0.0
-    for j in range(lo, hi):
-        i = np.uint64(j)
-        d = abs(np.float64(a[i]) - g[i])
-        ag = abs(g[i])
-        sm = 1.0 if ag <= small else 0.0
-        denom = ag + eps_ms
-        big = 1.0 - sm
-        within_thou = 1.0 if d <= thou_atol else 0.0
-        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
-        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
-        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
-    out[N_OK_1E2] = ok2
-    out[N_OK_1E3] = ok3
-    out[N_OK_1E4] = ok4
+# module globals, so that a block pass calling them is cached
+_count_over, _tolerance_counts, _ratio_counts = _make_counts(0)
+_f32_count_over, _f32_tolerance_counts, _f32_ratio_counts = _make_counts(ROUND_F32)
+
+
+@njit(inline="always")
+def _count_over_of(kind, a, g, gbits, lo, hi, c, limit):
+    """_make_counts' count_over for ``kind`` (a constant where inlined)."""
+    if kind == ROUND_F32:
+        return _f32_count_over(a, g, gbits, lo, hi, c, limit)
+    return _count_over(a, g, gbits, lo, hi, c, limit)
+
+
+@njit(inline="always")
+def _tolerance_counts_of(kind, a, g, lo, hi, c, out):
+    """_make_counts' tolerance_counts for ``kind`` (a constant where inlined)."""
+    if kind == ROUND_F32:
+        _f32_tolerance_counts(a, g, lo, hi, c, out)
+    else:
+        _tolerance_counts(a, g, lo, hi, c, out)
+
+
+@njit(inline="always")
+def _ratio_counts_of(kind, a, g, lo, hi, c, out):
+    """_make_counts' ratio_counts for ``kind`` (a constant where inlined)."""
+    if kind == ROUND_F32:
+        _f32_ratio_counts(a, g, lo, hi, c, out)
+    else:
+        _ratio_counts(a, g, lo, hi, c, out)
 
 
 # the variants in use (each compiled when first called): the kernel's with a heat map of
 # allclose's measure or of the relative error, with the histogram alone, and metrics
-# alone; the floor's (the histogram's cells, or nothing); and the kernel's for fp16,
-# whose error balance is against the golden cast to half. Module globals, so that a pass
-# calling them is cached (numba caches no function that holds a compiled one in a closure)
+# alone; the floor's (the histogram's cells, or nothing), over a rounded golden or (fp32)
+# rounding it on the fly; and the kernel's for fp16, whose error balance is against the
+# golden cast to half. Module globals, so that a pass calling them is cached (numba
+# caches no function that holds a compiled one in a closure)
 _block_tols = _make_block(False, True, True, False)
 _block_rels = _make_block(True, False, True, False)
 _block_cells = _make_block(False, False, True, False)
@@ -362,6 +458,8 @@ _half_block_tols = _make_block(False, True, True, True)
 _half_block_rels = _make_block(True, False, True, True)
 _half_block_cells = _make_block(False, False, True, True)
 _half_block_metrics = _make_block(False, False, False, True)
+_floor_f32_cells = _make_block(False, False, True, False, ROUND_F32)
+_floor_f32_metrics = _make_block(False, False, False, False, ROUND_F32)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -485,11 +583,20 @@ def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, half_counts, out, cast, rou
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _to_f32_range(g, lo, hi, r):
-    """r[j - lo] = g[j] rounded once to float32 (IEEE: to nearest even, subnormals,
-    overflow to inf; NaN and Inf pass), as float64."""
+def _round_into(g, gbits, lo, hi, rp, kind, r):
+    """r[j - lo] = g[j] rounded once to the output's format: by _rounded (``kind``) or by
+    the general rounding (rp)."""
+    if kind:
+        _rounded_range(g, lo, hi, kind, r)
+    else:
+        _round_range(g, gbits, lo, hi, rp, r)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _rounded_range(g, lo, hi, kind, r):
+    """r[j - lo] = g[j] rounded once into the format of ``kind`` (_rounded), as float64."""
     for j in range(lo, hi):
-        r[np.uint64(j - lo)] = np.float64(np.float32(g[np.uint64(j)]))
+        r[np.uint64(j - lo)] = _rounded(g[np.uint64(j)], kind)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -506,12 +613,13 @@ def _exact_code(av, gv, base, t1, t2):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out):
+def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
     """Adds the histogram of one block's relative errors to out (histbins: the bins, then
     zero, under, over), from their table cells (kept[j] for x[lo + j] against g[lo + j],
     as the block pass keeps them): the bin of each is its cell's; an element whose cell
     holds a bin edge (or touches one) is binned exactly from the element itself
-    (_exact_code), afterwards."""
+    (_exact_code), afterwards. ``kind`` (a ROUND_ kind, else 0): x is not read, the
+    element is g[lo + j] rounded so (the floor's, rounded on the fly)."""
     quad = np.zeros(4 * 256, dtype=np.int64)  # four sets: equal codes do not queue
     n_flagged = 0
     for j in range(kept.shape[0]):
@@ -522,8 +630,9 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out):
             n_flagged += 1
     for f in range(n_flagged):
         j = np.uint64(flagged[np.uint64(f)])
-        quad[np.uint64(_exact_code(np.float64(x[np.uint64(lo) + j]), g[np.uint64(lo) + j],
-                                   base, t1, t2))] += 1
+        gv = g[np.uint64(lo) + j]
+        xv = _rounded(gv, kind) if kind else np.float64(x[np.uint64(lo) + j])
+        quad[np.uint64(_exact_code(xv, gv, base, t1, t2))] += 1
     counts = quad[0:256] + quad[256:512] + quad[512:768] + quad[768:1024]
     for k in range(N_BINS_):
         out[k] += counts[k + 1]
@@ -614,7 +723,7 @@ def _make_pass(kernel: str, eb_half: bool):
     @njit(cache=True, parallel=True, error_model="numpy")
     def _pass(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
               base, t1, t2, heat, where, starts, ends, scratch, cells_of, flagged_of,
-              finite_a_of, finite_abits_of):
+              finite_a_of, finite_abits_of, floor_kind):
         """Per block: the kernel's metrics and error balance counts, then (out_f not
         empty) the golden rounded to the output dtype and its metrics and counts, then
         (hist not empty) both histograms and (heat not empty) the kernel's heat map, all
@@ -630,7 +739,11 @@ def _make_pass(kernel: str, eb_half: bool):
         Every block goes through the lean variant: a block with NaN or Inf through its
         finite copy (_finite_copy, _settle_specials), and so does the thread's next
         block, where NaN / Inf spread through a tensor would make the try on the block
-        itself a waste."""
+        itself a waste. ``floor_kind``: the output's ROUND_ kind (else 0: _round_range
+        rounds the floor). An fp32 floor's block rounds the golden as it goes where the
+        kernel's block has no NaN / Inf; the rounded golden is written out (r) only where
+        something must read it again: NaN / Inf (the golden's, or a finite one the
+        rounding overflows) or another format."""
         n = a.shape[0]
         floor = out_f.shape[0] > 0
         counts = hist.shape[0] > 0
@@ -661,12 +774,21 @@ def _make_pass(kernel: str, eb_half: bool):
             return _block_metrics(*args)
 
         def floor_block(x, xbits, y, ybits, ob, rels, tols, kept):
-            """The floor's lean block variant: the cells when the kernel keeps them."""
+            """The floor's lean block variant over the rounded golden x: the cells when
+            the kernel keeps them."""
             args = (x, xbits, _F64_EXP, _F64_MAN, y, ybits, 0, x.shape[0], c, ob, rels,
                     tols, kept)
             if keep_cells:
                 return _block_cells(*args)
             return _block_metrics(*args)
+
+        def floor_on_the_fly(y, ybits, ob, rels, tols, kept):
+            """The floor's lean block variant rounding the golden y to float32 itself."""
+            args = (y, ybits, _F64_EXP, _F64_MAN, y, ybits, 0, y.shape[0], c, ob, rels,
+                    tols, kept)
+            if keep_cells:
+                return _floor_f32_cells(*args)
+            return _floor_f32_metrics(*args)
 
         for t in prange(n_threads):
             try_clean = True
@@ -697,15 +819,15 @@ def _make_pass(kernel: str, eb_half: bool):
                     _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts,
                                 ends, heat[b])
                 if counts:
-                    _count_cells(kept, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0])
-                if floor:
-                    if rp[0] == 24.0:  # float32: the hardware's conversion rounds once
-                        _to_f32_range(g, lo, hi, r)
-                    else:
-                        _round_range(g, gbits, lo, hi, rp, r)
+                    _count_cells(kept, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0],
+                                 0)
+                on_the_fly = floor and clean and floor_kind == ROUND_F32
+                r_ready = floor and not on_the_fly
+                if r_ready:
+                    _round_into(g, gbits, lo, hi, rp, floor_kind, r)
                 # fp16 with its floor: the rounded golden is msprobe's cast, where the
                 # block's own counts cannot be taken
-                rounded = r if floor and same_format and rp_eb[0] != 24.0 else r[:0]
+                rounded = r if r_ready and same_format and rp_eb[0] != 24.0 else r[:0]
                 _eb_of_block(x, g, gbits, lo, hi, rp_eb, ob, eb_half, eb[b, 0:2], cast,
                              rounded)
                 if floor:
@@ -714,7 +836,15 @@ def _make_pass(kernel: str, eb_half: bool):
                     # where to look
                     ofb = out_f[b]
                     rbits = r.view(np.int64)
-                    if not clean or floor_block(r, rbits, y, ybits, ofb, rels, tols, kept):
+                    if on_the_fly:
+                        specials = floor_on_the_fly(y, ybits, ofb, rels, tols, kept)
+                    else:
+                        specials = not clean or floor_block(r, rbits, y, ybits, ofb, rels,
+                                                            tols, kept)
+                    if specials:
+                        if not r_ready:
+                            _round_into(g, gbits, lo, hi, rp, floor_kind, r)
+                            r_ready = True
                         k = _finite_copy(r, rbits, _F64_EXP, _F64_MAN, y, ybits, cast,
                                          finite_g, flagged)
                         floor_block(cast, cast.view(np.int64), finite_g,
@@ -723,10 +853,14 @@ def _make_pass(kernel: str, eb_half: bool):
                                          kept if keep_cells else kept[:0])
                     if counts:
                         _count_cells(kept, r, y, 0, cells, base, t1, t2, flagged,
-                                     hist[b, 1])
+                                     hist[b, 1], 0 if r_ready else floor_kind)
                     if not same_format:
-                        _eb_of_block(r, g, gbits, lo, hi, rp_eb, out_f[b], False,
-                                     eb[b, 2:4], cast, r[:0])
+                        # the rounded golden is read only where the block's own counts
+                        # cannot be taken (_eb_of_block)
+                        if not r_ready and (rp_eb[0] != 24.0 or ofb[MAX_G] > _FLT_MAX):
+                            _round_into(g, gbits, lo, hi, rp, floor_kind, r)
+                        _eb_of_block(r, g, gbits, lo, hi, rp_eb, ofb, False, eb[b, 2:4],
+                                     cast, r[:0])
                 try_clean = clean
 
     return _pass
@@ -1004,6 +1138,9 @@ class Measured(NamedTuple):
 
 
 _BUFFERS = threading.local()
+# the output formats whose floor the pass rounds on the fly (_rounded)
+_FLOOR_KINDS = {torch.float32: ROUND_F32, torch.bfloat16: ROUND_BF16,
+                torch.float16: ROUND_F16}
 
 
 def _buffers(n_threads: int, width: int, finite_dtype, upcast: bool):
@@ -1088,7 +1225,7 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         pass_(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb, parts,
               parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1, _HIST_T2,
               heat_blocks, where, starts, ends, scratch, kept_cells, flagged, finite_a,
-              finite_abits)
+              finite_abits, _FLOOR_KINDS.get(dtype, 0) if floor else 0)
         if heat:
             np.maximum(grid, heat_blocks.max(axis=0), out=grid)
         acc_a.append(parts)
