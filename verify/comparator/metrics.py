@@ -304,12 +304,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             return True
         n = np.float64(hi - lo)
         if loud > 0.0 or quiet < 0.0:
-            _tolerance_counts_of(floor_of, a, g, lo, hi, c, out)
+            _tolerance_counts(a, g, lo, hi, c, out, floor_of)
         else:
             out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
             out[N_V2] = out[N_CASE] = n
         if loud > 0.0 or quiet < 0.0 or c[C_RATIOS] > 0.0:
-            _ratio_counts_of(floor_of, a, g, lo, hi, c, out)
+            _ratio_counts(a, g, lo, hi, c, out, floor_of)
         else:
             out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
         out[N_SMALL_BAD] = n_small_bad
@@ -328,7 +328,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         out[SUM_ULP] = s_ulp
         out[N_ULP1] = n_u1
         # ULP errors over 32 are rare: counted only in a block that has one
-        out[N_ULP32] = _count_over_of(floor_of, a, g, gbits, lo, hi, c, 32.0) \
+        out[N_ULP32] = _count_over(a, g, gbits, lo, hi, c, 32.0, floor_of) \
             if m_ulp > 32.0 else 0.0
         out[N_SMALL] = n_small
         out[MAX_REL] = m_pr
@@ -351,99 +351,66 @@ def _actual_at(a, g, i, kind):
     return _rounded(g[i], kind) if kind else np.float64(a[i])
 
 
-def _make_counts(kind: int):
-    """The counts a block pass takes in loops of their own, for a block whose actual is
-    a (``kind`` 0) or the golden rounded as the loop goes (a ROUND_ kind: the floor's
-    block, _make_block's floor_of); kind is a constant of each loop."""
+# The counts a block pass takes in loops of their own, for a block whose actual is a
+# (``kind`` 0) or the golden rounded as the loop goes (a ROUND_ kind: the floor's block,
+# _make_block's floor_of). kind is an argument: the loop runs as fast as one compiled
+# for a constant kind (LLVM takes the test out of the loop)
 
-    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-    def count_over(a, g, gbits, lo, hi, c, limit):
-        """How many ULP errors of a finite block a[lo:hi] against g[lo:hi] exceed
-        ``limit``."""
-        mant_bits, floor_bits = _ulp_fields(c)
-        over = 0.0
-        for j in range(lo, hi):
-            i = np.uint64(j)
-            d = abs(_actual_at(a, g, i, kind) - g[i])
-            over += 1.0 if _ulp_error(d, gbits[i], mant_bits, floor_bits) > limit else 0.0
-        return over
-
-    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-    def tolerance_counts(a, g, lo, hi, c, out):
-        """The tolerance counts of a finite block a[lo:hi] against g[lo:hi] into out, in
-        the masked one-loop pass's expressions (tests/masked_block.py): msprobe's
-        absolute threshold, CANN v2's and the case's tolerance, errors at a zero
-        golden."""
-        v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
-        small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
-        n_rel_bad = n_v2 = n_case = zero_bad = 0.0
-        for j in range(lo, hi):
-            i = np.uint64(j)
-            d = abs(_actual_at(a, g, i, kind) - g[i])
-            ag = abs(g[i])
-            zero_bad += (1.0 if ag == 0.0 else 0.0) * (1.0 if d > 0.0 else 0.0)
-            big = 1.0 - (1.0 if ag <= small else 0.0)
-            n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
-            n_v2 += 1.0 if d <= v2_atol + v2_rtol * ag else 0.0
-            n_case += 1.0 if d <= atol + rtol * ag else 0.0
-        out[N_REL_BAD] = n_rel_bad
-        out[N_V2] = n_v2
-        out[N_CASE] = n_case
-        out[N_ZERO_G_BAD] = zero_bad
-
-    @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-    def ratio_counts(a, g, lo, hi, c, out):
-        """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
-        against g[lo:hi] into out, in the masked one-loop pass's expressions."""
-        small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
-        ok2 = ok3 = ok4 = 0.0
-        for j in range(lo, hi):
-            i = np.uint64(j)
-            d = abs(_actual_at(a, g, i, kind) - g[i])
-            ag = abs(g[i])
-            sm = 1.0 if ag <= small else 0.0
-            denom = ag + eps_ms
-            big = 1.0 - sm
-            within_thou = 1.0 if d <= thou_atol else 0.0
-            ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
-            ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
-            ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
-        out[N_OK_1E2] = ok2
-        out[N_OK_1E3] = ok3
-        out[N_OK_1E4] = ok4
-
-    return count_over, tolerance_counts, ratio_counts
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _count_over(a, g, gbits, lo, hi, c, limit, kind):
+    """How many ULP errors of a finite block a[lo:hi] against g[lo:hi] exceed ``limit``."""
+    mant_bits, floor_bits = _ulp_fields(c)
+    over = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)
+        d = abs(_actual_at(a, g, i, kind) - g[i])
+        over += 1.0 if _ulp_error(d, gbits[i], mant_bits, floor_bits) > limit else 0.0
+    return over
 
 
-# module globals, so that a block pass calling them is cached
-_count_over, _tolerance_counts, _ratio_counts = _make_counts(0)
-_f32_count_over, _f32_tolerance_counts, _f32_ratio_counts = _make_counts(ROUND_F32)
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _tolerance_counts(a, g, lo, hi, c, out, kind):
+    """The tolerance counts of a finite block a[lo:hi] against g[lo:hi] into out, in the
+    masked one-loop pass's expressions (tests/masked_block.py): msprobe's absolute
+    threshold, CANN v2's and the case's tolerance, errors at a zero golden."""
+    v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
+    small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
+    n_rel_bad = n_v2 = n_case = zero_bad = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)
+        d = abs(_actual_at(a, g, i, kind) - g[i])
+        ag = abs(g[i])
+        zero_bad += (1.0 if ag == 0.0 else 0.0) * (1.0 if d > 0.0 else 0.0)
+        big = 1.0 - (1.0 if ag <= small else 0.0)
+        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
+        n_v2 += 1.0 if d <= v2_atol + v2_rtol * ag else 0.0
+        n_case += 1.0 if d <= atol + rtol * ag else 0.0
+    out[N_REL_BAD] = n_rel_bad
+    out[N_V2] = n_v2
+    out[N_CASE] = n_case
+    out[N_ZERO_G_BAD] = zero_bad
 
 
-@njit(inline="always")
-def _count_over_of(kind, a, g, gbits, lo, hi, c, limit):
-    """_make_counts' count_over for ``kind`` (a constant where inlined)."""
-    if kind == ROUND_F32:
-        return _f32_count_over(a, g, gbits, lo, hi, c, limit)
-    return _count_over(a, g, gbits, lo, hi, c, limit)
-
-
-@njit(inline="always")
-def _tolerance_counts_of(kind, a, g, lo, hi, c, out):
-    """_make_counts' tolerance_counts for ``kind`` (a constant where inlined)."""
-    if kind == ROUND_F32:
-        _f32_tolerance_counts(a, g, lo, hi, c, out)
-    else:
-        _tolerance_counts(a, g, lo, hi, c, out)
-
-
-@njit(inline="always")
-def _ratio_counts_of(kind, a, g, lo, hi, c, out):
-    """_make_counts' ratio_counts for ``kind`` (a constant where inlined)."""
-    if kind == ROUND_F32:
-        _f32_ratio_counts(a, g, lo, hi, c, out)
-    else:
-        _ratio_counts(a, g, lo, hi, c, out)
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _ratio_counts(a, g, lo, hi, c, out, kind):
+    """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
+    against g[lo:hi] into out, in the masked one-loop pass's expressions."""
+    small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
+    ok2 = ok3 = ok4 = 0.0
+    for j in range(lo, hi):
+        i = np.uint64(j)
+        d = abs(_actual_at(a, g, i, kind) - g[i])
+        ag = abs(g[i])
+        sm = 1.0 if ag <= small else 0.0
+        denom = ag + eps_ms
+        big = 1.0 - sm
+        within_thou = 1.0 if d <= thou_atol else 0.0
+        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
+        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
+        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
+    out[N_OK_1E2] = ok2
+    out[N_OK_1E3] = ok3
+    out[N_OK_1E4] = ok4
 
 
 # the variants in use (each compiled when first called): the kernel's with a heat map of
