@@ -149,7 +149,8 @@ def test_the_floor_block_rounding_as_it_goes_is_the_one_over_the_rounded_golden(
     g = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)
     g[:40] = 0.0
     g[40:80] = 2.0 ** (emin - 3) * rng.uniform(-1, 1, 40)  # the format's subnormals
-    g[80:120] = (rng.integers(1 << int(bits - 1), 1 << int(bits), 40) + 0.5) * 2.0 ** (1 - bits)  # ties
+    ties = rng.integers(1 << int(bits - 1), 1 << int(bits), 40) + 0.5
+    g[80:120] = ties * 2.0 ** (1 - bits)  # halfway between two floats of the format
     g[120:160] = g[80:120] * (1 - 2.0 ** -40)  # just under a tie: float32 rounds it up
     g[160:164] = vmax
     d_atol, d_rtol = metrics.default_tolerances(dtype)

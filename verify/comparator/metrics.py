@@ -699,10 +699,10 @@ def _make_pass(kernel: str, eb_half: bool):
         while the block is in cache. eb[b] holds the kernel's counts (0, 1) and the
         floor's (2, 3); heat[t] the heat map's maxima over thread t's blocks. where:
         the chunk's first element, the tensor's rows and columns, and 1 when the heat
-        map shows allclose's d / (atol + rtol |g|) rather than the relative error. Each thread walks every n_threads-th block with buffers of its
-        own (rels, tols, the rounded golden, msprobe's cast golden, the finite copies of
-        a block with NaN / Inf; the errors' table cells; the histogram's flagged
-        elements), made once per call: a fresh 512 KiB array per block was a fresh
+        map shows allclose's d / (atol + rtol |g|) rather than the relative error.
+        Each thread walks every n_threads-th block with buffers of its own (rels, tols,
+        the rounded golden, msprobe's cast golden, the finite copies of a block with
+        NaN / Inf; the errors' table cells; the histogram's flagged elements), made once per call: a fresh 512 KiB array per block was a fresh
         mapping, paid for in page faults.
 
         Every block goes through the lean variant: a block with NaN or Inf through its
