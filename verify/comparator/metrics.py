@@ -702,8 +702,9 @@ def _make_pass(kernel: str, eb_half: bool):
         map shows allclose's d / (atol + rtol |g|) rather than the relative error.
         Each thread walks every n_threads-th block with buffers of its own (rels, tols,
         the rounded golden, msprobe's cast golden, the finite copies of a block with
-        NaN / Inf; the errors' table cells; the histogram's flagged elements), made once per call: a fresh 512 KiB array per block was a fresh
-        mapping, paid for in page faults.
+        NaN / Inf; the errors' table cells; the histogram's flagged elements), made
+        once per call: a fresh 512 KiB array per block was a fresh mapping, paid for in
+        page faults.
 
         Every block goes through the lean variant: a block with NaN or Inf through its
         finite copy (_finite_copy, _settle_specials), and so does the thread's next
