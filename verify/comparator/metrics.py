@@ -140,8 +140,8 @@ def _f32_of_bits(typingctx, bits):
     return sig, codegen
 
 
-# the formats the block pass rounds a golden into on the fly (_rounded): float32, bfloat16
-# and IEEE half; 0 for the others (float64), rounded by _round_range
+# the formats _rounded rounds a golden into (the fp32 floor's block as it goes, bf16 / fp16
+# floors in a pass of their own); 0 for the others (float64), rounded by _round_range
 ROUND_F32, ROUND_BF16, ROUND_F16 = 1, 2, 3
 
 
@@ -824,11 +824,7 @@ def _make_pass(kernel: str, eb_half: bool):
                     if counts:
                         _count_cells(kept, r, y, 0, cells, base, t1, t2, flagged,
                                      hist[b, 1], 0 if r_ready else floor_kind)
-                    if not same_format:
-                        # the rounded golden is read only where the block's own counts
-                        # cannot be taken (_eb_of_block)
-                        if not r_ready and (rp_eb[0] != 24.0 or ofb[MAX_G] > _FLT_MAX):
-                            _round_into(g, gbits, lo, hi, rp, floor_kind, r)
+                    if not same_format:  # bf16, whose rounded golden r is written out
                         _eb_of_block(r, g, gbits, lo, hi, rp_eb, ofb, False, eb[b, 2:4],
                                      cast, r[:0])
                 try_clean = clean
@@ -1108,7 +1104,7 @@ class Measured(NamedTuple):
 
 
 _BUFFERS = threading.local()
-# the output formats whose floor the pass rounds on the fly (_rounded)
+# the output formats whose floor _rounded rounds (the others: _round_range)
 _FLOOR_KINDS = {torch.float32: ROUND_F32, torch.bfloat16: ROUND_BF16,
                 torch.float16: ROUND_F16}
 
@@ -1328,11 +1324,12 @@ def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     subnormals, ties and overflow to inf as IEEE 754 says. torch converts float64 to
     fp16 / bf16 through float32, which rounds twice and lands one ulp off now and then;
     the error floor must be the correctly rounded golden. The rounding is the metrics
-    pass's own (_round_range), so a rounded tensor and the pass agree."""
+    pass's own (_round_into), so a rounded tensor and the pass agree."""
     if dtype in (torch.float32, torch.float64) or dtype not in dt.FLOAT_TRAITS \
             or not x.dtype.is_floating_point:
         return x.to(dtype)  # float32 / float64 targets: torch rounds once already
     v = x.detach().to("cpu", torch.float64).contiguous().reshape(-1).numpy()
     r = np.empty_like(v)
-    _round_range(v, v.view(np.int64), 0, v.shape[0], _rounding_of(dtype), r)
+    _round_into(v, v.view(np.int64), 0, v.shape[0], _rounding_of(dtype),
+                _FLOOR_KINDS.get(dtype, 0), r)
     return torch.from_numpy(r).reshape(x.shape).to(dtype)  # exact now: no second rounding
