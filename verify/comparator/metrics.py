@@ -196,143 +196,6 @@ def _ulp_fields(c):
     return mant << 52, max(min_field, mant) << 52
 
 
-# the running sums, maxima and counts of a lean block (_step): float64 but for the two
-# largest exponent fields (int64), which are all ones where a value is NaN / Inf
-_ZERO_ACC = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-             0.0, 0.0, 0.0, 0.0, 0.0, 0.0, np.int64(0), np.int64(0))
-
-
-@njit(inline="always")
-def _block_constants(c):
-    """What _step takes of the dtype's constants c, once per block."""
-    mant_bits, floor_bits = _ulp_fields(c)
-    return (c[C_EPS_CANN], c[C_SMALL], mant_bits, floor_bits, c[C_ATOL], c[C_RTOL],
-            c[C_QUIET], c[C_SMALL_ATOL])
-
-
-@njit(inline="always")
-def _cell_of(kept):
-    """The histogram table cell of a kept relative error (ZERO_CELL for 0)."""
-    return np.uint32(_bits(kept) >> (52 - CELL_BITS)) if kept > 0.0 else np.uint32(ZERO_CELL)
-
-
-@njit(inline="always")
-def _step(acc, av, ab, aexp, gv, gb, k, eb_half):
-    """One element's share of a lean block's sums, maxima and counts (_make_block): acc
-    the running ones (_ZERO_ACC), av / ab the actual as float64 and its bits (aexp: the
-    exponent field in them), gv / gb the golden's, k _block_constants. Returns them
-    updated, with the element's kept relative error and allclose measure (both at most
-    1e300, a NaN / Inf placement mismatch's: _settle_specials). Inlined: it runs under
-    the fast-math flags of the loop that calls it.
-
-    Tried and dropped: an fp32 output's step and its floor's in one loop, sharing the
-    golden's loads, |g|, 1/|g|, float32(g) (the floor's actual), the ULP scale and the
-    bounds. Its ~40 accumulators spill out of the 32 vector registers: 2.98-4.12 ns an
-    element against 2.61-2.70 for the two block loops (cells variants, one thread, a
-    block in cache); with the counts packed three to a float64 accumulator (exact below
-    2^53), 2.55-2.65 against 2.71-2.73: 5%, where the floor's 4x target wants 30%."""
-    (s_rel, m_rel, m_abs, s_sq, dot, aa, gg, s_eb, m_ulp, s_ulp, n_u1, n_small,
-     n_small_bad, m_pr, m_tol, shrink, grow, eb_gt, eb_lt, m_g, loud, top_a, top_g) = acc
-    eps_cann, small, mant_bits, floor_bits, atol, rtol, quiet, small_atol = k
-    top_a = max(top_a, ab & aexp)
-    top_g = max(top_g, gb & _F64_EXP)
-    diff = av - gv
-    d = abs(diff)
-    ag = abs(gv)
-    s_sq += d * d
-    dot += av * gv
-    aa += av * av
-    gg += gv * gv
-    # msprobe's error balance against the golden cast to float32 (its NumPy dtype for
-    # fp32 and bf16 outputs) or to half (fp16); a block with any NaN / Inf pair or a
-    # golden beyond the cast's range is counted again exactly (_eb_range)
-    g32 = np.float32(gv)
-    cast = np.float64(g32)
-    if eb_half:  # the once-rounded half: to float32 to odd, then to half (Boldo and
-        # Melquiond: float32 has two bits more than half in each binade of it)
-        odd = _bits(g32) - (np.int32(1) if abs(cast) > ag else np.int32(0))
-        cast = _half_of_bits(odd | (np.int32(1) if cast != gv else np.int32(0)))
-    eb_gt += 1.0 if av > cast else 0.0
-    eb_lt += 1.0 if av < cast else 0.0
-    m_g = _fmax(m_g, ag)
-    a_mag = abs(av)
-    shrink += 1.0 if a_mag < ag else 0.0
-    grow += 1.0 if a_mag > ag else 0.0
-    inv_ag = 1.0 / _fmax(ag, 1e-300)
-    s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
-    m_abs = _fmax(m_abs, d)
-    rel = d / (ag + eps_cann)
-    s_rel += rel
-    m_rel = _fmax(m_rel, rel)
-    g_pos = 1.0 if ag > 0.0 else 0.0
-    m_pr = _fmax(m_pr, d * inv_ag * g_pos)
-    ulp = _ulp_error(d, gb, mant_bits, floor_bits)
-    m_ulp = _fmax(m_ulp, ulp)
-    s_ulp += ulp
-    n_u1 += 1.0 if ulp > 1.0 else 0.0
-    sm = 1.0 if ag <= small else 0.0
-    n_small += sm
-    n_small_bad += sm * (1.0 if d > small_atol else 0.0)
-    allowed = atol + rtol * ag
-    tol = d / _fmax(allowed, 1e-300)
-    m_tol = _fmax(m_tol, tol)
-    loud += 1.0 if d > quiet * ag else 0.0
-    acc = (s_rel, m_rel, m_abs, s_sq, dot, aa, gg, s_eb, m_ulp, s_ulp, n_u1, n_small,
-           n_small_bad, m_pr, m_tol, shrink, grow, eb_gt, eb_lt, m_g, loud, top_a, top_g)
-    return acc, (rel if rel < 1e300 else 1e300), (tol if tol < 1e300 else 1e300)
-
-
-@njit(inline="always")
-def _close_block(acc, a, g, gbits, lo, hi, c, aexp, out, kind):
-    """A lean block's figures into out from its running ones (_step), the tolerance and
-    ratio counts of a loud block counted in loops of their own while it is in cache;
-    ``kind`` 0, or the ROUND_ kind of a floor whose actual is the golden rounded on the
-    fly. Returns True (out not written) when the block holds NaN / Inf."""
-    (s_rel, m_rel, m_abs, s_sq, dot, aa, gg, s_eb, m_ulp, s_ulp, n_u1, n_small,
-     n_small_bad, m_pr, m_tol, shrink, grow, eb_gt, eb_lt, m_g, loud, top_a, top_g) = acc
-    if top_a == aexp or top_g == _F64_EXP:
-        return True
-    quiet = c[C_QUIET]
-    n = np.float64(hi - lo)
-    if loud > 0.0 or quiet < 0.0:
-        _tolerance_counts(a, g, lo, hi, c, out, kind)
-    else:
-        out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
-        out[N_V2] = out[N_CASE] = n
-    if loud > 0.0 or quiet < 0.0 or c[C_RATIOS] > 0.0:
-        _ratio_counts(a, g, lo, hi, c, out, kind)
-    else:
-        out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
-    out[N_SMALL_BAD] = n_small_bad
-    out[N] = n
-    out[NONFINITE_BAD] = 0.0
-    out[SPECIAL_EQ] = 0.0
-    out[SUM_REL] = s_rel
-    out[MAX_REL_CANN] = m_rel
-    out[MAX_ABS] = m_abs
-    out[SUM_SQ] = s_sq
-    out[DOT] = dot
-    out[AA] = aa
-    out[GG] = gg
-    out[SUM_EB] = s_eb
-    out[MAX_ULP] = m_ulp
-    out[SUM_ULP] = s_ulp
-    out[N_ULP1] = n_u1
-    # ULP errors over 32 are rare: counted only in a block that has one
-    out[N_ULP32] = _count_over(a, g, gbits, lo, hi, c, 32.0, kind) if m_ulp > 32.0 else 0.0
-    out[N_SMALL] = n_small
-    out[MAX_REL] = m_pr
-    out[MAX_TOL] = m_tol
-    out[N_SHRINK] = shrink
-    out[N_GROW] = grow
-    out[EB_GT] = eb_gt
-    out[EB_LT] = eb_lt
-    out[MAX_G] = m_g
-    out[ARG_ABS] = -1.0
-    out[ARG_REL] = -1.0
-    return False
-
-
 def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool,
                 floor_of: int = 0):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
@@ -363,13 +226,27 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     ``floor_of`` (ROUND_F32): the error floor's block, whose actual is the golden rounded
     to the output's format as the loop goes (_rounded; a and abits are not read, aexp is
     float64's): no pass of its own writing a rounded block for this one to read again
-    (fp32: 1.83 -> 1.44 ns an element, one thread on a block in cache)."""
+    (fp32: 1.83 -> 1.44 ns an element, one thread on a block in cache).
+
+    Tried and dropped: an fp32 output's block and its floor's in one loop, sharing the
+    golden's loads, |g|, 1/|g|, float32(g) (the floor's actual), the ULP scale and the
+    bounds. Its accumulators (23 a block) spill out of the 32 vector registers: 2.98-4.12
+    ns an element against 2.61-2.70 for the two block loops (cells variants, one thread,
+    a block in cache); with the counts packed three to a float64 accumulator (exact below
+    2^53), 2.55-2.65 against 2.71-2.73: 5%, where the floor's 4x target wants about 30%."""
+
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
-        k = _block_constants(c)
-        acc = _ZERO_ACC
+        eps_cann, small = c[C_EPS_CANN], c[C_SMALL]
+        mant_bits, floor_bits = _ulp_fields(c)
+        atol, rtol, quiet, small_atol = c[C_ATOL], c[C_RTOL], c[C_QUIET], c[C_SMALL_ATOL]
+        s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
+        s_eb = m_ulp = s_ulp = n_u1 = n_small = n_small_bad = 0.0
+        m_pr = m_tol = shrink = grow = eb_gt = eb_lt = m_g = loud = 0.0
+        top_a = top_g = np.int64(0)  # the largest exponent fields: all ones at NaN / Inf
         for j in range(lo, hi):
             i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
+            gb = gbits[i]
             gv = g[i]
             if floor_of:
                 av = _rounded(gv, floor_of)
@@ -377,14 +254,100 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             else:
                 ab = np.int64(abits[i])
                 av = np.float64(a[i])
-            acc, kept, tol = _step(acc, av, ab, aexp, gv, gbits[i], k, eb_half)
+            top_a = max(top_a, ab & aexp)
+            top_g = max(top_g, gb & _F64_EXP)
+            diff = av - gv
+            d = abs(diff)
+            ag = abs(gv)
+            s_sq += d * d
+            dot += av * gv
+            aa += av * av
+            gg += gv * gv
+            # msprobe's error balance against the golden cast to float32 (its NumPy dtype
+            # for fp32 and bf16 outputs) or to half (fp16); a block with any NaN / Inf pair
+            # or a golden beyond the cast's range is counted again exactly (_eb_range)
+            g32 = np.float32(gv)
+            cast = np.float64(g32)
+            if eb_half:  # the once-rounded half: to float32 to odd, then to half (Boldo
+                # and Melquiond: float32 has two bits more than half in each binade of it)
+                odd = _bits(g32) - (np.int32(1) if abs(cast) > ag else np.int32(0))
+                cast = _half_of_bits(odd | (np.int32(1) if cast != gv else np.int32(0)))
+            eb_gt += 1.0 if av > cast else 0.0
+            eb_lt += 1.0 if av < cast else 0.0
+            m_g = _fmax(m_g, ag)
+            a_mag = abs(av)
+            shrink += 1.0 if a_mag < ag else 0.0
+            grow += 1.0 if a_mag > ag else 0.0
+            inv_ag = 1.0 / _fmax(ag, 1e-300)
+            s_eb += diff * (inv_ag if ag > 1.0 else 1.0)
+            m_abs = _fmax(m_abs, d)
+            rel = d / (ag + eps_cann)
+            s_rel += rel
+            m_rel = _fmax(m_rel, rel)
+            g_pos = 1.0 if ag > 0.0 else 0.0
+            m_pr = _fmax(m_pr, d * inv_ag * g_pos)
+            ulp = _ulp_error(d, gb, mant_bits, floor_bits)
+            m_ulp = _fmax(m_ulp, ulp)
+            s_ulp += ulp
+            n_u1 += 1.0 if ulp > 1.0 else 0.0
+            sm = 1.0 if ag <= small else 0.0
+            n_small += sm
+            n_small_bad += sm * (1.0 if d > small_atol else 0.0)
+            allowed = atol + rtol * ag
+            tol = d / _fmax(allowed, 1e-300)
+            m_tol = _fmax(m_tol, tol)
+            loud += 1.0 if d > quiet * ag else 0.0
+            # per element, for the histogram and the heat map: any error beyond 1e300 is
+            # 1e300, as a NaN / Inf placement mismatch's (_settle_specials)
+            kept = rel if rel < 1e300 else 1e300
             if keep_rels:  # constants of the closure: a variant without stores has none
                 rels[np.uint64(j - lo)] = kept
             if keep_cells:
-                cells[np.uint64(j - lo)] = _cell_of(kept)
+                cells[np.uint64(j - lo)] = np.uint32(_bits(kept) >> (52 - CELL_BITS)) \
+                    if kept > 0.0 else np.uint32(ZERO_CELL)
             if keep_tols:
-                tols[np.uint64(j - lo)] = tol
-        return _close_block(acc, a, g, gbits, lo, hi, c, aexp, out, floor_of)
+                tols[np.uint64(j - lo)] = tol if tol < 1e300 else 1e300
+        if top_a == aexp or top_g == _F64_EXP:
+            return True
+        n = np.float64(hi - lo)
+        if loud > 0.0 or quiet < 0.0:
+            _tolerance_counts(a, g, lo, hi, c, out, floor_of)
+        else:
+            out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
+            out[N_V2] = out[N_CASE] = n
+        if loud > 0.0 or quiet < 0.0 or c[C_RATIOS] > 0.0:
+            _ratio_counts(a, g, lo, hi, c, out, floor_of)
+        else:
+            out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
+        out[N_SMALL_BAD] = n_small_bad
+        out[N] = n
+        out[NONFINITE_BAD] = 0.0
+        out[SPECIAL_EQ] = 0.0
+        out[SUM_REL] = s_rel
+        out[MAX_REL_CANN] = m_rel
+        out[MAX_ABS] = m_abs
+        out[SUM_SQ] = s_sq
+        out[DOT] = dot
+        out[AA] = aa
+        out[GG] = gg
+        out[SUM_EB] = s_eb
+        out[MAX_ULP] = m_ulp
+        out[SUM_ULP] = s_ulp
+        out[N_ULP1] = n_u1
+        # ULP errors over 32 are rare: counted only in a block that has one
+        out[N_ULP32] = _count_over(a, g, gbits, lo, hi, c, 32.0, floor_of) \
+            if m_ulp > 32.0 else 0.0
+        out[N_SMALL] = n_small
+        out[MAX_REL] = m_pr
+        out[MAX_TOL] = m_tol
+        out[N_SHRINK] = shrink
+        out[N_GROW] = grow
+        out[EB_GT] = eb_gt
+        out[EB_LT] = eb_lt
+        out[MAX_G] = m_g
+        out[ARG_ABS] = -1.0
+        out[ARG_REL] = -1.0
+        return False
 
     return _block
 
