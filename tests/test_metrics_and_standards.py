@@ -379,14 +379,23 @@ def test_floor_is_golden_rounded_to_output_dtype():
     assert v.floor.ulp_max <= 0.5 + 1e-12
 
 
-def test_streaming_is_independent_of_chunking(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_width_output_upcast_in_the_pass_measures_as_its_float32_copy(dtype):
+    """The pass upcasts a bf16 / fp16 output's blocks itself: every figure, the floor's,
+    the histograms and the heat map are those of the same values upcast by torch first,
+    NaN / Inf included."""
     gen = torch.Generator().manual_seed(2)
-    g = torch.randn(2 * metrics.BLOCK + 7, generator=gen, dtype=torch.float64)
-    a = (g + 1e-3 * torch.randn(g.shape, generator=gen, dtype=torch.float64)).float()
-    whole = metrics.measure(a, g)
-    monkeypatch.setattr(metrics, "CHUNK", metrics.BLOCK)
-    chunked = metrics.measure(a, g)
-    assert whole == chunked  # bitwise: fixed blocks, combined in order
+    g = torch.randn(2 * metrics.BLOCK + 8 * 9, generator=gen, dtype=torch.float64) * 300
+    g[::997] = float("nan")
+    g[5::1999] = float("inf")
+    a = (g + 1e-3 * torch.randn(g.shape, generator=gen, dtype=torch.float64)).to(dtype)
+    a[11::1501] = float("-inf")
+    a, g = a.reshape(-1, 8), g.reshape(-1, 8)
+    mine = metrics.measure_all(a, g, floor=True, hist=True, heat="rel")
+    upcast = metrics.measure_all(a.float(), g, dtype, floor=True, hist=True, heat="rel")
+    assert repr(mine) == repr(upcast)  # to the last bit (repr round-trips a float), NaN too
+    assert mine.metrics.nan_inf_mismatch > 0 and mine.metrics.argmax_rel >= 0
+    assert sum(mine.histogram["floor"]["counts"]) > 0
 
 
 def test_the_float32_floor_by_conversion_rounds_as_the_software_rounding():

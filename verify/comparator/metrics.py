@@ -48,10 +48,9 @@ from numba.extending import intrinsic  # noqa: E402
 from verify.comparator import dtypes as dt  # noqa: E402
 from verify.comparator.metric_fields import Metrics  # noqa: E402,F401  (re-exported)
 
-BLOCK = 1 << 16
-CHUNK = BLOCK * 64  # elements of a bf16 / fp16 output upcast at a time (fp32 / fp64
-# outputs go through the pass whole: a chunk a call cost 0.5 ms, 3 of metrics' 25 at
-# [7168, 4096])
+BLOCK = 1 << 16  # every output goes through the pass whole, in blocks (bf16 / fp16 ones
+# upcast a block at a time by the pass itself: upcast by torch a 4Mi-element chunk a call,
+# bf16's metrics took 33-46 ms at [7168, 4096])
 
 # accumulator slots
 (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, MAX_REL_CANN, ARG_REL, MAX_ABS, ARG_ABS, SUM_SQ,
@@ -125,6 +124,23 @@ def _half_of_bits(typingctx, bits):
     def codegen(context, builder, signature, args):
         f = builder.bitcast(args[0], ir.FloatType())
         return builder.fpext(builder.fptrunc(f, ir.HalfType()), ir.DoubleType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_of_16(typingctx, bits, half):
+    """The float32 of a bf16 or (``half``, a literal) IEEE half of bits ``bits`` (int16):
+    exact either way (bf16: the bits are float32's top half; half: its conversion)."""
+    if not isinstance(half, types.BooleanLiteral):
+        return None
+    sig = types.float32(types.int16, half)
+
+    def codegen(context, builder, signature, args):
+        if signature.args[1].literal_value:
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
 
     return sig, codegen
 
@@ -623,6 +639,19 @@ KEEP = {"tol": (False, True, True), "rel": (True, False, True), "hist": (False, 
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
+def _upcast_into(src, dst, half):
+    """dst = the bf16 (or ``half``: IEEE half) output block of bits src, upcast to
+    float32 exactly: in the pass, each block by the thread that measures it, while it
+    goes into cache anyway."""
+    if half:
+        for j in range(src.shape[0]):
+            dst[np.uint64(j)] = _f32_of_16(src[np.uint64(j)], True)
+    else:
+        for j in range(src.shape[0]):
+            dst[np.uint64(j)] = _f32_of_16(src[np.uint64(j)], False)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _finite_copy(x, xbits, xexp, xman, g, gbits, sx, sg, spots):
     """sx, sg = x, g with every pair that holds NaN or Inf set to (0, 0), where the lean
     block variant adds nothing to a sum or maximum, exactly as the masks of a pass that
@@ -699,7 +728,7 @@ def _make_pass(kernel: str, eb_half: bool):
     @njit(cache=True, parallel=True, error_model="numpy")
     def _pass(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
               base, t1, t2, heat, where, starts, ends, scratch, cells_of, flagged_of,
-              finite_a_of, finite_abits_of, floor_kind):
+              finite_a_of, finite_abits_of, floor_kind, a16, up_of, up_bits_of, up_half):
         """Per block: the kernel's metrics and error balance counts, then (out_f not
         empty) the golden rounded to the output dtype and its metrics and counts, then
         (hist not empty) both histograms and (heat not empty) the kernel's heat map, all
@@ -720,8 +749,11 @@ def _make_pass(kernel: str, eb_half: bool):
         rounds the floor). An fp32 floor's block rounds the golden as it goes where the
         kernel's block has no NaN / Inf; the rounded golden is written out (r) only where
         something must read it again: NaN / Inf (the golden's, or a finite one the
-        rounding overflows) or another format."""
-        n = a.shape[0]
+        rounding overflows) or another format. A bf16 / fp16 output comes as its bits
+        (a16; a and abits empty): each block is upcast into the thread's row of up_of
+        (up_bits_of: its bits) first (``up_half``: IEEE half)."""
+        n = g.shape[0]
+        upcast = a16.shape[0] > 0
         floor = out_f.shape[0] > 0
         counts = hist.shape[0] > 0
         heats = heat.shape[0] > 0
@@ -782,7 +814,13 @@ def _make_pass(kernel: str, eb_half: bool):
                 finite_abits = finite_abits_of[t, :hi - lo]
                 kept = cells_of[t, :hi - lo]
                 ob = out[b]
-                x, xbits, y, ybits = a[lo:hi], abits[lo:hi], g[lo:hi], gbits[lo:hi]
+                if upcast:
+                    x = up_of[t, :hi - lo]
+                    _upcast_into(a16[lo:hi], x, up_half)
+                    xbits = up_bits_of[t, :hi - lo]
+                else:
+                    x, xbits = a[lo:hi], abits[lo:hi]
+                y, ybits = g[lo:hi], gbits[lo:hi]
                 if not try_clean or kernel_block(x, xbits, y, ybits, ob, rels, tols, kept):
                     k = _finite_copy(x, xbits, aexp, aman, y, ybits, finite_a, finite_g,
                                      flagged)
@@ -796,7 +834,7 @@ def _make_pass(kernel: str, eb_half: bool):
                     _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts,
                                 ends, heat[t])
                 if counts:
-                    _count_cells(kept, a, g, lo, cells, base, t1, t2, flagged, hist[b, 0],
+                    _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
                                  0)
                 on_the_fly = floor and clean and floor_kind == ROUND_F32
                 r_ready = floor and not on_the_fly
@@ -1079,14 +1117,10 @@ def thousandth_small_atol(dtype: torch.dtype) -> float:
     return max(t.small_value_atol, t.small_value * 2.0 ** -(t.mantissa_bits + 1))
 
 
-def _host_view(chunk: torch.Tensor, into: torch.Tensor | None = None) -> np.ndarray:
-    """A float32 / float64 NumPy view of a CPU chunk (bf16 / fp16 upcast exactly, into the
-    float32 buffer ``into`` when given: one buffer for every chunk of a tensor, not a
-    fresh 16 MiB one per chunk, paid for in page faults)."""
+def _host_view(chunk: torch.Tensor) -> np.ndarray:
+    """A float32 / float64 NumPy view of a CPU chunk (bf16 / fp16 upcast exactly)."""
     if chunk.dtype not in (torch.float32, torch.float64):
-        if into is None:
-            return chunk.to(torch.float32).numpy()
-        return into[:chunk.numel()].copy_(chunk).numpy()
+        return chunk.to(torch.float32).numpy()
     return chunk.numpy()
 
 
@@ -1119,10 +1153,11 @@ _FLOOR_KINDS = {torch.float32: ROUND_F32, torch.bfloat16: ROUND_BF16,
 def _buffers(n_threads: int, width: int, finite_dtype, upcast: bool):
     """The pass's per-thread buffers: errors, rounded and cast golden and the golden's
     finite copy (5 x width float64); the histogram's flagged elements; the errors' table
-    cells; the actual's finite copy (``finite_dtype``); and (``upcast``) the float32 chunk
-    that bf16 / fp16 outputs are upcast into. Full-block ones (6.5 MiB on 2 threads) are
-    kept for the calling thread's next call rather than allocated again by every compare
-    of an output of a block or more (a run compares thousands)."""
+    cells; the actual's finite copy (``finite_dtype``); and the float32 block a bf16 /
+    fp16 output is upcast into (``upcast``; else an empty one of ``finite_dtype``).
+    Full-block ones (6.5 MiB on 2 threads) are kept for the calling thread's next call
+    rather than allocated again by every compare of an output of a block or more (a run
+    compares thousands)."""
     kept = {}
     if width == BLOCK:
         kept = getattr(_BUFFERS, "full", None)
@@ -1137,10 +1172,9 @@ def _buffers(n_threads: int, width: int, finite_dtype, upcast: bool):
     if finite not in kept:
         kept[finite] = np.empty(shape, dtype=finite_dtype)
     if upcast and "upcast" not in kept:
-        kept["upcast"] = torch.empty(CHUNK if width == BLOCK else width,
-                                     dtype=torch.float32)
-    return (kept["scratch"], kept["flagged"], kept["cells"], kept[finite],
-            kept.get("upcast") if upcast else None)
+        kept["upcast"] = np.empty(shape, dtype=np.float32)
+    up = kept["upcast"] if upcast else np.empty((n_threads, 0), dtype=finite_dtype)
+    return kept["scratch"], kept["flagged"], kept["cells"], kept[finite], up
 
 
 def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
@@ -1161,11 +1195,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
     c = _constants(dtype, atol, rtol, scale)
     rp = _rounding_of(dtype) if floor else np.zeros(3)
-    acc_a, acc_f = [], []
-    hists = np.zeros((2, N_BINS + 3), dtype=np.int64)
-    best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, chunk start, block
+    best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, start (0), block
     total = a.numel()
-    eb_a, eb_f = [0, 0], [0, 0]
     rp_eb = _rounding_of(_msprobe_dtype(dtype))
     shape = tuple(actual.shape)
     heat = heat if hist and len(shape) >= 2 and total else None
@@ -1183,45 +1214,42 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
         n_threads, min(BLOCK, max(total, 1)),
         np.float64 if a.dtype == torch.float64 else np.float32, up)
     finite_abits = finite_a.view(np.int32 if finite_a.dtype == np.float32 else np.int64)
-    chunk = CHUNK if up else max(total, 1)
-    for start in range(0, total, chunk):
-        stop = min(start + chunk, total)
-        g_np = g[start:stop].numpy()
-        a_np = _host_view(a[start:stop], upcast)
-        abits, aexp, aman = _bits_of(a_np)
-        n_blocks = -(-a_np.shape[0] // BLOCK)
-        parts = np.empty((n_blocks, N_SLOTS))
-        parts_f = np.empty((n_blocks if floor else 0, N_SLOTS))
-        hist_blocks = np.zeros((n_blocks if hist else 0, 2, N_BINS + 3), dtype=np.int64)
-        eb_blocks = np.zeros((n_blocks, 4), dtype=np.int64)
-        heat_threads = np.zeros((n_threads if heat else 0,) + grid.shape)
-        where = np.array([start, rows, cols, heat == "tol"], dtype=np.int64)
-        pass_(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb, parts,
-              parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1, _HIST_T2,
-              heat_threads, where, starts, ends, scratch, kept_cells, flagged, finite_a,
-              finite_abits, _FLOOR_KINDS.get(dtype, 0) if floor else 0)
-        if heat:
-            np.maximum(grid, heat_threads.max(axis=0), out=grid)
-        acc_a.append(parts)
-        if hist:
-            hists += hist_blocks.sum(axis=0)
-        eb_a[0] += int(eb_blocks[:, 0].sum())
-        eb_a[1] += int(eb_blocks[:, 1].sum())
-        for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
-            b = int(np.argmax(parts[:, slot])) if len(parts) else -1
-            if b >= 0 and parts[b, slot] > best[key][0]:
-                best[key] = (parts[b, slot], start, b)
-        if floor:
-            acc_f.append(parts_f)
-            eb_f[0] += int(eb_blocks[:, 2].sum())
-            eb_f[1] += int(eb_blocks[:, 3].sum())
-    combined = _combine(np.concatenate(acc_a) if acc_a else _EMPTY)
+    if up:  # the pass upcasts each block of the bits itself
+        a16 = a.view(torch.int16).numpy()
+        a_np = np.empty(0, dtype=np.float32)
+    else:
+        a16 = np.empty(0, dtype=np.int16)
+        a_np = a.numpy()
+    abits, aexp, aman = _bits_of(a_np)
+    g_np = g.numpy()
+    n_blocks = -(-total // BLOCK)
+    parts = np.empty((n_blocks, N_SLOTS))
+    parts_f = np.empty((n_blocks if floor else 0, N_SLOTS))
+    hist_blocks = np.zeros((n_blocks if hist else 0, 2, N_BINS + 3), dtype=np.int64)
+    eb_blocks = np.zeros((n_blocks, 4), dtype=np.int64)
+    heat_threads = np.zeros((n_threads if heat else 0,) + grid.shape)
+    where = np.array([0, rows, cols, heat == "tol"], dtype=np.int64)
+    pass_(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb, parts,
+          parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1, _HIST_T2,
+          heat_threads, where, starts, ends, scratch, kept_cells, flagged, finite_a,
+          finite_abits, _FLOOR_KINDS.get(dtype, 0) if floor else 0, a16, upcast,
+          upcast.view(np.int32 if upcast.dtype == np.float32 else np.int64),
+          a.dtype == torch.float16)
+    if heat:
+        np.maximum(grid, heat_threads.max(axis=0), out=grid)
+    hists = hist_blocks.sum(axis=0)
+    eb_a = [int(eb_blocks[:, 0].sum()), int(eb_blocks[:, 1].sum())]
+    eb_f = [int(eb_blocks[:, 2].sum()), int(eb_blocks[:, 3].sum())]
+    for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
+        b = int(np.argmax(parts[:, slot])) if len(parts) else -1
+        if b >= 0 and parts[b, slot] > best[key][0]:
+            best[key] = (parts[b, slot], 0, b)
+    combined = _combine(parts)
     _locate_argmax(combined, best, a, g, c, total)
     m_a = _finish(combined, atol, rtol, _eb_ratio(eb_a, total))
     m_f = None
     if floor:
-        m_f = _finish(_combine(np.concatenate(acc_f) if acc_f else _EMPTY), atol, rtol,
-                      _eb_ratio(eb_f, total))
+        m_f = _finish(_combine(parts_f), atol, rtol, _eb_ratio(eb_f, total))
     histogram = None
     if hist:
         histogram = {"actual": _hist_dict(hists[0])}
@@ -1245,9 +1273,6 @@ def _pool_windows(length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     ceil((i + 1) L / n)), which overlap when n does not divide L."""
     i = np.arange(n, dtype=np.int64)
     return i * length // n, -((-(i + 1) * length) // n)
-
-
-_EMPTY = np.empty((0, N_SLOTS))
 
 
 def _locate_argmax(combined: np.ndarray, best: dict, a, g, c, total: int) -> None:
