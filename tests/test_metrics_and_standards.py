@@ -398,6 +398,19 @@ def test_a_half_width_output_upcast_in_the_pass_measures_as_its_float32_copy(dty
     assert sum(mine.histogram["floor"]["counts"]) > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float8_e4m3fn, torch.uint8])
+def test_an_output_of_another_width_measures_as_its_float32_copy(dtype):
+    """fp8 and integer outputs judged as floats (dtype=fp32) are measured on their
+    float32 values, not on their bits read as bf16 / fp16."""
+    gen = torch.Generator().manual_seed(3)
+    g = torch.randn(4099, generator=gen, dtype=torch.float64).abs() * 3
+    a = g.to(dtype)
+    mine = metrics.measure_all(a, g, torch.float32, floor=True, hist=True)
+    upcast = metrics.measure_all(a.float(), g, torch.float32, floor=True, hist=True)
+    assert repr(mine) == repr(upcast)
+    assert mine.metrics.n == 4099 and mine.metrics.max_abs < 1.0
+
+
 def test_the_float32_floor_by_conversion_rounds_as_the_software_rounding():
     """The pass rounds an fp32 output's golden by the hardware conversion: the same bits
     as its own IEEE rounding everywhere (ties, subnormals, overflow, NaN / Inf)."""

@@ -1208,8 +1208,10 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     starts, ends = _pool_windows(cols, grid.shape[1])
     # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
     # golden and the histogram's flagged elements, reused by every block the thread takes
+    if a.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        a = a.to(torch.float32)  # fp8, integers: upcast whole (exactly, as the pass would)
     n_threads = max(1, min(numba.get_num_threads(), -(-total // BLOCK)))
-    up = a.dtype not in (torch.float32, torch.float64)
+    up = a.dtype in (torch.bfloat16, torch.float16)
     scratch, flagged, kept_cells, finite_a, upcast = _buffers(
         n_threads, min(BLOCK, max(total, 1)),
         np.float64 if a.dtype == torch.float64 else np.float32, up)
