@@ -3,8 +3,9 @@
 The pass walks (actual, golden) in fixed blocks of 64Ki elements; a compiled block
 function (numba) accumulates every counter and sum that the standards need, blocks run in
 parallel, and the per-block partial results are combined in block order. Fixed blocks make
-the figures independent of thread count and chunking, and nothing of tensor size is
-allocated beyond one chunk of the upcast actual. The report's plot data comes from the
+the figures independent of thread count, and nothing of tensor size is allocated for a
+float32 / float64 / bf16 / fp16 actual (a bf16 / fp16 one is upcast a block at a time, in
+the pass; fp8 and integers whole, before it). The report's plot data comes from the
 same pass: each element's errors are kept while its block is in cache, for the histogram
 (binned by a table of exponent and top significand bits, no logarithm) and the heat map
 (cell maxima).
@@ -1118,7 +1119,7 @@ def thousandth_small_atol(dtype: torch.dtype) -> float:
 
 
 def _host_view(chunk: torch.Tensor) -> np.ndarray:
-    """A float32 / float64 NumPy view of a CPU chunk (bf16 / fp16 upcast exactly)."""
+    """A float32 / float64 NumPy view of a CPU block (bf16 / fp16 upcast exactly)."""
     if chunk.dtype not in (torch.float32, torch.float64):
         return chunk.to(torch.float32).numpy()
     return chunk.numpy()
@@ -1190,12 +1191,13 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     atol = (d_atol if atol is None else float(atol)) * scale
     rtol = (d_rtol if rtol is None else float(rtol)) * scale
     a = actual.detach().to("cpu").contiguous().reshape(-1)
+    if a.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        a = a.to(torch.float32)  # fp8, integers: upcast whole (the pass takes bf16 / fp16)
     g = golden.detach().to("cpu", torch.float64).contiguous().reshape(-1)
     if a.numel() != g.numel():
         raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
     c = _constants(dtype, atol, rtol, scale)
     rp = _rounding_of(dtype) if floor else np.zeros(3)
-    best = {"abs": (-1.0, -1, -1), "rel": (-1.0, -1, -1)}  # value, start (0), block
     total = a.numel()
     rp_eb = _rounding_of(_msprobe_dtype(dtype))
     shape = tuple(actual.shape)
@@ -1208,14 +1210,11 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     starts, ends = _pool_windows(cols, grid.shape[1])
     # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
     # golden and the histogram's flagged elements, reused by every block the thread takes
-    if a.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        a = a.to(torch.float32)  # fp8, integers: upcast whole (exactly, as the pass would)
     n_threads = max(1, min(numba.get_num_threads(), -(-total // BLOCK)))
     up = a.dtype in (torch.bfloat16, torch.float16)
-    scratch, flagged, kept_cells, finite_a, upcast = _buffers(
+    scratch, flagged, kept_cells, finite_a, up_buf = _buffers(
         n_threads, min(BLOCK, max(total, 1)),
         np.float64 if a.dtype == torch.float64 else np.float32, up)
-    finite_abits = finite_a.view(np.int32 if finite_a.dtype == np.float32 else np.int64)
     if up:  # the pass upcasts each block of the bits itself
         a16 = a.view(torch.int16).numpy()
         a_np = np.empty(0, dtype=np.float32)
@@ -1234,20 +1233,15 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     pass_(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb, parts,
           parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1, _HIST_T2,
           heat_threads, where, starts, ends, scratch, kept_cells, flagged, finite_a,
-          finite_abits, _FLOOR_KINDS.get(dtype, 0) if floor else 0, a16, upcast,
-          upcast.view(np.int32 if upcast.dtype == np.float32 else np.int64),
-          a.dtype == torch.float16)
+          _bits_of(finite_a)[0], _FLOOR_KINDS.get(dtype, 0) if floor else 0, a16, up_buf,
+          _bits_of(up_buf)[0], a.dtype == torch.float16)
     if heat:
         np.maximum(grid, heat_threads.max(axis=0), out=grid)
     hists = hist_blocks.sum(axis=0)
     eb_a = [int(eb_blocks[:, 0].sum()), int(eb_blocks[:, 1].sum())]
     eb_f = [int(eb_blocks[:, 2].sum()), int(eb_blocks[:, 3].sum())]
-    for key, slot in (("abs", MAX_ABS), ("rel", MAX_REL_CANN)):
-        b = int(np.argmax(parts[:, slot])) if len(parts) else -1
-        if b >= 0 and parts[b, slot] > best[key][0]:
-            best[key] = (parts[b, slot], 0, b)
     combined = _combine(parts)
-    _locate_argmax(combined, best, a, g, c, total)
+    _locate_argmax(combined, parts, a, g, c, total)
     m_a = _finish(combined, atol, rtol, _eb_ratio(eb_a, total))
     m_f = None
     if floor:
@@ -1277,20 +1271,21 @@ def _pool_windows(length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return i * length // n, -((-(i + 1) * length) // n)
 
 
-def _locate_argmax(combined: np.ndarray, best: dict, a, g, c, total: int) -> None:
+def _locate_argmax(combined: np.ndarray, parts: np.ndarray, a, g, c, total: int) -> None:
     """The element index of the largest |a - g| and relative error: found again inside
-    the one block that holds each maximum."""
+    the one block that holds each maximum (the first such block; none where the block
+    maxima are NaN)."""
     found: dict[int, tuple[int, int]] = {}  # block start -> (i_d, i_r): one pass a block
-    for key, slot in (("abs", ARG_ABS), ("rel", ARG_REL)):
-        _, start, b = best[key]
-        if b >= 0:  # only that block is upcast again
-            lo = start + b * BLOCK
+    for key, slot, arg in (("abs", MAX_ABS, ARG_ABS), ("rel", MAX_REL_CANN, ARG_REL)):
+        b = int(np.argmax(parts[:, slot])) if len(parts) else -1
+        if b >= 0 and parts[b, slot] >= 0.0:  # only that block is upcast again
+            lo = b * BLOCK
             if lo not in found:
                 hi = min(lo + BLOCK, total)
                 found[lo] = _argmax_in(_host_view(a[lo:hi]), g[lo:hi].numpy(), 0, hi - lo,
                                        c[C_EPS_CANN])
             i_d, i_r = found[lo]
-            combined[slot] = lo + (i_d if key == "abs" else i_r)
+            combined[arg] = lo + (i_d if key == "abs" else i_r)
 
 
 def _hist_dict(counts: np.ndarray) -> dict:
