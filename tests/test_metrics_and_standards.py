@@ -69,32 +69,29 @@ def test_nan_inf_placement():
     assert not ok and "NaN/Inf placement" in why
 
 
-# the lean block variants against the masked reference (tests/masked_block.py), with what
-# each keeps: (rels, tols, cells)
-LEAN_AND_MASKED = ((metrics._block_tols, masked_block.masked_tols, (False, True, True)),
-                   (metrics._block_rels, masked_block.masked_rels, (True, False, True)),
-                   (metrics._half_block_rels, masked_block.masked_half_rels,
-                    (True, False, True)))
+# the lean block variants (and their masked twins, for a block with NaN / Inf) against
+# the masked reference (tests/masked_block.py), with what each keeps: (rels, tols, cells)
+LEAN_AND_MASKED = ((metrics._block_tols, metrics._masked_tols, masked_block.masked_tols,
+                    (False, True, True)),
+                   (metrics._block_rels, metrics._masked_rels, masked_block.masked_rels,
+                    (True, False, True)),
+                   (metrics._half_block_rels, metrics._masked_half_rels,
+                    masked_block.masked_half_rels, (True, False, True)))
 
 
 def _block_slots(variant, a_np, g_np, c, keep=None):
     """Every slot and kept error of one block variant over the whole of a_np / g_np; with
     ``keep`` (the variant's kept errors), as the pass takes a block with NaN / Inf: the
-    lean variant over its finite copy, then the NaN / Inf pairs settled."""
+    variant (the masked twin) over it, then the NaN / Inf pairs settled."""
     n = len(g_np)
     abits, aexp, aman = metrics._bits_of(a_np)
     out = np.zeros(metrics.N_SLOTS)
     rels, tols, cells = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.uint32)
-    if keep is None:
-        assert not variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c,
-                           out, rels, tols, cells)  # finite: no finite copy needed
-    else:
-        fa, fg, spots = np.empty_like(a_np), np.empty_like(g_np), np.empty(n, np.int64)
-        k = metrics._finite_copy(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), fa,
-                                 fg, spots)
-        fbits = metrics._bits_of(fa)[0]
-        assert not variant(fa, fbits, aexp, aman, fg, fg.view(np.int64), 0, n, c, out,
-                           rels, tols, cells)
+    assert not variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out,
+                       rels, tols, cells)  # finite, or NaN / Inf masked
+    if keep is not None:
+        spots = np.empty(n, np.int64)
+        k = metrics._special_spots(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), spots)
         metrics._settle_specials(out, spots, k, *(x if kept else x[:0] for x, kept in
                                                   zip((rels, tols, cells), keep)))
     return np.concatenate([out, rels, tols, cells.astype(np.float64)]).view(np.int64)
@@ -102,9 +99,10 @@ def _block_slots(variant, a_np, g_np, c, keep=None):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_the_lean_block_pass_is_the_masked_one_to_the_bit(dtype):
-    """The pass's lean block variant gives every slot and every kept error of the masked
-    one-loop pass bit for bit: on finite data (zeros, subnormals, huge values), and, by
-    way of its finite copy, on a block with every kind of NaN / Inf pair (the same NaN,
+    """The pass's lean block variant and its masked twin give every slot and every kept
+    error of the masked one-loop pass bit for bit: on finite data (zeros, subnormals,
+    huge values), and (the twin, with the spots settled) on a block with every kind of
+    NaN / Inf pair (the same NaN,
     the same signed Inf, Inf against -Inf, NaN against a number, a number against Inf)."""
     n = metrics.BLOCK - 3  # a vector tail too
     gen = torch.Generator().manual_seed(11)
@@ -116,9 +114,10 @@ def test_the_lean_block_pass_is_the_masked_one_to_the_bit(dtype):
     a_np = a.to(torch.float32).numpy() if dtype == torch.bfloat16 else a.numpy()
     g_np = g.numpy()
     c = metrics._constants(dtype, 1e-5, 1e-5)
-    for lean, masked, _ in LEAN_AND_MASKED:
-        assert (_block_slots(lean, a_np, g_np, c) == _block_slots(masked, a_np, g_np, c)
-                ).all()
+    for lean, twin, reference, _ in LEAN_AND_MASKED:
+        want = _block_slots(reference, a_np, g_np, c)
+        assert (_block_slots(lean, a_np, g_np, c) == want).all()
+        assert (_block_slots(twin, a_np, g_np, c) == want).all()
     inf, nan = float("inf"), float("nan")
     pairs = [(nan, nan), (inf, inf), (-inf, -inf), (inf, -inf), (nan, 1.0), (1.0, nan),
              (2.0, inf), (-inf, 3.0), (nan, inf)]
@@ -126,9 +125,9 @@ def test_the_lean_block_pass_is_the_masked_one_to_the_bit(dtype):
     for k, (x, y) in enumerate(pairs * 40):
         j = (k * 997) % n
         a_np[j], g_np[j] = x, y
-    for lean, masked, keep in LEAN_AND_MASKED:
-        got = _block_slots(lean, a_np, g_np, c, keep)
-        assert (got == _block_slots(masked, a_np, g_np, c)).all()
+    for _, twin, reference, keep in LEAN_AND_MASKED:
+        got = _block_slots(twin, a_np, g_np, c, keep)
+        assert (got == _block_slots(reference, a_np, g_np, c)).all()
         m = got[:metrics.N_SLOTS].view(np.float64)
         assert m[metrics.SPECIAL_EQ] == 3 * 40 and m[metrics.NONFINITE_BAD] == 6 * 40
 
@@ -214,9 +213,10 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
         a = a_np.astype(np.float64)  # the stored actual's own error, as the pass sees it
         loud = (np.abs(a - g) > np.abs(g) * q).any() or q < 0
         seen["loud" if loud else "quiet"] += 1
-        for lean, masked, _ in LEAN_AND_MASKED:
-            assert (_block_slots(lean, a_np, g, c) == _block_slots(masked, a_np, g, c)
-                    ).all(), (step, lean)
+        for lean, twin, reference, _ in LEAN_AND_MASKED:
+            want = _block_slots(reference, a_np, g, c)
+            assert (_block_slots(lean, a_np, g, c) == want).all(), (step, lean)
+            assert (_block_slots(twin, a_np, g, c) == want).all(), (step, twin)
     if q > 0 and dtype == torch.float64:
         assert seen["quiet"] >= 2 and seen["loud"] >= 1, seen
 

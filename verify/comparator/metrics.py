@@ -214,7 +214,7 @@ def _ulp_fields(c):
 
 
 def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool,
-                floor_of: int = 0):
+                floor_of: int = 0, masked: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
     (``keep_tols``, a heat map of that), and each relative error's histogram table cell
@@ -226,7 +226,8 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     when it moved there).
 
     For a block without NaN or Inf, whose arithmetic needs no masks (a block with one
-    goes through its finite copy: _finite_copy). Its loop computes every sum and maximum,
+    goes through the ``masked`` twin, which takes each pair holding NaN or Inf as a
+    pair of zeros, tested on the bits, and _settle_specials). Its loop computes every sum and maximum,
     the counts that depend on the data everywhere (the error balance's, magnitude bias,
     ULP > 1, small values and those beyond their atol) and the kept errors, and counts
     the *loud* elements, d > fl(q |g|) (C_QUIET, _slope_of): a quiet block's tolerance
@@ -271,8 +272,14 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             else:
                 ab = np.int64(abits[i])
                 av = np.float64(a[i])
-            top_a = max(top_a, ab & aexp)
-            top_g = max(top_g, gb & _F64_EXP)
+            if masked:  # a NaN / Inf pair as a pair of zeros, tested on the bits alone
+                # (gb is left: the ULP error of d = 0 is 0 whatever its scale)
+                spec = ((ab & aexp) == aexp) | ((gb & _F64_EXP) == _F64_EXP)
+                av = 0.0 if spec else av
+                gv = 0.0 if spec else gv
+            else:
+                top_a = max(top_a, ab & aexp)
+                top_g = max(top_g, gb & _F64_EXP)
             diff = av - gv
             d = abs(diff)
             ag = abs(gv)
@@ -328,12 +335,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             return True
         n = np.float64(hi - lo)
         if loud > 0.0 or quiet < 0.0:
-            _tolerance_counts(a, g, lo, hi, c, out, floor_of)
+            _tolerance_counts(a, abits, aexp, g, gbits, lo, hi, c, out, floor_of, masked)
         else:
             out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
             out[N_V2] = out[N_CASE] = n
         if loud > 0.0 or quiet < 0.0 or c[C_RATIOS] > 0.0:
-            _ratio_counts(a, g, lo, hi, c, out, floor_of)
+            _ratio_counts(a, abits, aexp, g, gbits, lo, hi, c, out, floor_of, masked)
         else:
             out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
         out[N_SMALL_BAD] = n_small_bad
@@ -352,7 +359,8 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         out[SUM_ULP] = s_ulp
         out[N_ULP1] = n_u1
         # ULP errors over 32 are rare: counted only in a block that has one
-        out[N_ULP32] = _count_over(a, g, gbits, lo, hi, c, 32.0, floor_of) \
+        out[N_ULP32] = _count_over(a, abits, aexp, g, gbits, lo, hi, c, 32.0, floor_of,
+                                   masked) \
             if m_ulp > 32.0 else 0.0
         out[N_SMALL] = n_small
         out[MAX_REL] = m_pr
@@ -370,30 +378,38 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
 
 
 @njit(inline="always")
-def _actual_at(a, g, i, kind):
-    """The actual at i as float64: a's, or (``kind``, a ROUND_ kind) the golden's rounded."""
-    return _rounded(g[i], kind) if kind else np.float64(a[i])
+def _pair_at(a, abits, aexp, g, gbits, i, kind, masked):
+    """(actual, golden, golden's bits) at i, the actual as float64: a's, or (``kind``, a
+    ROUND_ kind) the golden's rounded; ``masked``: a pair that holds NaN or Inf as zeros,
+    as the masked block variant takes it (the bits left: a ULP error of 0 is 0)."""
+    gv, gb = g[i], gbits[i]
+    av = _rounded(gv, kind) if kind else np.float64(a[i])
+    if masked:
+        spec = ((np.int64(abits[i]) & aexp) == aexp) | ((gb & _F64_EXP) == _F64_EXP)
+        av = 0.0 if spec else av
+        gv = 0.0 if spec else gv
+    return av, gv, gb
 
 
 # The counts a block pass takes in loops of their own, for a block whose actual is a
 # (``kind`` 0) or the golden rounded as the loop goes (a ROUND_ kind: the floor's block,
-# _make_block's floor_of). kind is an argument: the loop runs as fast as one compiled
-# for a constant kind (LLVM takes the test out of the loop)
+# _make_block's floor_of), with NaN / Inf pairs as zeros (``masked``). kind and masked
+# are arguments: the loop runs as fast as one compiled for constants (LLVM takes the
+# tests out of the loop)
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _count_over(a, g, gbits, lo, hi, c, limit, kind):
+def _count_over(a, abits, aexp, g, gbits, lo, hi, c, limit, kind, masked):
     """How many ULP errors of a finite block a[lo:hi] against g[lo:hi] exceed ``limit``."""
     mant_bits, floor_bits = _ulp_fields(c)
     over = 0.0
     for j in range(lo, hi):
-        i = np.uint64(j)
-        d = abs(_actual_at(a, g, i, kind) - g[i])
-        over += 1.0 if _ulp_error(d, gbits[i], mant_bits, floor_bits) > limit else 0.0
+        av, gv, gb = _pair_at(a, abits, aexp, g, gbits, np.uint64(j), kind, masked)
+        over += 1.0 if _ulp_error(abs(av - gv), gb, mant_bits, floor_bits) > limit else 0.0
     return over
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _tolerance_counts(a, g, lo, hi, c, out, kind):
+def _tolerance_counts(a, abits, aexp, g, gbits, lo, hi, c, out, kind, masked):
     """The tolerance counts of a finite block a[lo:hi] against g[lo:hi] into out, in the
     masked one-loop pass's expressions (tests/masked_block.py): msprobe's absolute
     threshold, CANN v2's and the case's tolerance, errors at a zero golden."""
@@ -401,9 +417,9 @@ def _tolerance_counts(a, g, lo, hi, c, out, kind):
     small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
     n_rel_bad = n_v2 = n_case = zero_bad = 0.0
     for j in range(lo, hi):
-        i = np.uint64(j)
-        d = abs(_actual_at(a, g, i, kind) - g[i])
-        ag = abs(g[i])
+        av, gv, _ = _pair_at(a, abits, aexp, g, gbits, np.uint64(j), kind, masked)
+        d = abs(av - gv)
+        ag = abs(gv)
         zero_bad += (1.0 if ag == 0.0 else 0.0) * (1.0 if d > 0.0 else 0.0)
         big = 1.0 - (1.0 if ag <= small else 0.0)
         n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
@@ -416,15 +432,15 @@ def _tolerance_counts(a, g, lo, hi, c, out, kind):
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _ratio_counts(a, g, lo, hi, c, out, kind):
+def _ratio_counts(a, abits, aexp, g, gbits, lo, hi, c, out, kind, masked):
     """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
     against g[lo:hi] into out, in the masked one-loop pass's expressions."""
     small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
     ok2 = ok3 = ok4 = 0.0
     for j in range(lo, hi):
-        i = np.uint64(j)
-        d = abs(_actual_at(a, g, i, kind) - g[i])
-        ag = abs(g[i])
+        av, gv, _ = _pair_at(a, abits, aexp, g, gbits, np.uint64(j), kind, masked)
+        d = abs(av - gv)
+        ag = abs(gv)
         sm = 1.0 if ag <= small else 0.0
         denom = ag + eps_ms
         big = 1.0 - sm
@@ -453,6 +469,15 @@ _half_block_cells = _make_block(False, False, True, True)
 _half_block_metrics = _make_block(False, False, False, True)
 _floor_f32_cells = _make_block(False, False, True, False, ROUND_F32)
 _floor_f32_metrics = _make_block(False, False, False, False, ROUND_F32)
+# and each with NaN / Inf pairs taken as zeros, for a block that holds one
+_masked_tols = _make_block(False, True, True, False, masked=True)
+_masked_rels = _make_block(True, False, True, False, masked=True)
+_masked_cells = _make_block(False, False, True, False, masked=True)
+_masked_metrics = _make_block(False, False, False, False, masked=True)
+_masked_half_tols = _make_block(False, True, True, True, masked=True)
+_masked_half_rels = _make_block(True, False, True, True, masked=True)
+_masked_half_cells = _make_block(False, False, True, True, masked=True)
+_masked_half_metrics = _make_block(False, False, False, True, masked=True)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -551,10 +576,27 @@ def _eb_against(x, cast, out):
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _eb_range(x, g, gbits, lo, hi, rp, out, cast):
     """msprobe's error balance counts of x[0:hi-lo] against g[lo:hi] cast to msprobe's
-    NumPy dtype (rounded on the fly by rp into ``cast``, hi - lo long): out[0] +=
-    #(x > cast), out[1] += #(x < cast)."""
-    _round_range(g, gbits, lo, hi, rp, cast)
-    _eb_against(x[:hi - lo], cast, out)
+    NumPy dtype: out[0] += #(x > cast), out[1] += #(x < cast). float32 and half by
+    _rounded as the loop goes (the hardware's conversion, not fast-math: NaN, Inf and
+    overflow as IEEE says; 0.73 -> 0.15 ns an element, with a NaN every 1009), another
+    format rounded by rp into ``cast`` (hi - lo long) first."""
+    kind = 0
+    if rp[1] == -126.0 and rp[0] == 24.0:
+        kind = ROUND_F32
+    elif rp[1] == -14.0 and rp[0] == 11.0:
+        kind = ROUND_F16
+    if kind == 0:
+        _round_range(g, gbits, lo, hi, rp, cast)
+        _eb_against(x[:hi - lo], cast, out)
+        return
+    gt = lt = 0
+    for j in range(hi - lo):
+        xv = np.float64(x[np.uint64(j)])
+        cv = _rounded(g[np.uint64(lo + j)], kind)
+        gt += 1 if xv > cv else 0
+        lt += 1 if xv < cv else 0
+    out[0] += gt
+    out[1] += lt
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -652,14 +694,28 @@ def _upcast_into(src, dst, half):
             dst[np.uint64(j)] = _f32_of_16(src[np.uint64(j)], False)
 
 
+@intrinsic
+def _lowest_bit(typingctx, mask):
+    """The index of the lowest set bit of a non-zero uint64 (llvm.cttz)."""
+    sig = types.int64(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(1)])
+        fn = builder.module.declare_intrinsic("llvm.cttz", [ir.IntType(64)], fnty)
+        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _finite_copy(x, xbits, xexp, xman, g, gbits, sx, sg, spots):
-    """sx, sg = x, g with every pair that holds NaN or Inf set to (0, 0), where the lean
-    block variant adds nothing to a sum or maximum, exactly as the masks of a pass that
-    leaves such pairs out of its arithmetic would; spots[k] = 2 j + 1 for the k-th such
-    pair at j when it is a placement mismatch, 2 j when it is the same NaN or the same
-    signed Inf. Returns how many there are. Each run of 64 elements is tested at once
-    (vectorised) and looked into only when it holds one."""
+def _special_spots(x, xbits, xexp, xman, g, gbits, spots):
+    """Where the pairs that hold NaN or Inf are, for the masked block variant (which takes
+    them as pairs of zeros, adding nothing to a sum or maximum) and _settle_specials:
+    spots[k] = 2 j + 1 for the k-th such pair at j when it is a placement mismatch, 2 j
+    when it is the same NaN or the same signed Inf. Returns how many there are. Each run
+    of 64 elements is counted at once (vectorised); a run that holds one is walked by its
+    set bits. (A finite copy of the block for the lean variant took 1.0 ns an element
+    with a NaN every 1009, 0.6 of it the copy's.)"""
     n = x.shape[0]
     k = 0
     for lo in range(0, n, 64):
@@ -667,24 +723,25 @@ def _finite_copy(x, xbits, xexp, xman, g, gbits, sx, sg, spots):
         some = 0
         for j in range(lo, hi):
             i = np.uint64(j)
-            some += 1 if ((np.int64(xbits[i]) & xexp) == xexp) | \
-                ((gbits[i] & _F64_EXP) == _F64_EXP) else 0
+            some += np.int64(((np.int64(xbits[i]) & xexp) == xexp)
+                             | ((gbits[i] & _F64_EXP) == _F64_EXP))
         if some == 0:
             continue
+        mask = np.uint64(0)
         for j in range(lo, hi):
+            i = np.uint64(j)
+            spec = ((np.int64(xbits[i]) & xexp) == xexp) | ((gbits[i] & _F64_EXP) == _F64_EXP)
+            mask |= np.uint64(spec) << np.uint64(j - lo)
+        while mask:
+            j = lo + _lowest_bit(mask)
+            mask &= mask - np.uint64(1)
             xb, gb = np.int64(xbits[j]), gbits[j]
             x_spec, g_spec = (xb & xexp) == xexp, (gb & _F64_EXP) == _F64_EXP
-            if x_spec or g_spec:
-                x_nan, g_nan = x_spec and (xb & xman) != 0, g_spec and (gb & _F64_MAN) != 0
-                same = (x_nan and g_nan) or (x_spec and g_spec and not x_nan and not g_nan
-                                              and (xb < 0) == (gb < 0))
-                spots[k] = 2 * j + (0 if same else 1)
-                k += 1
-    sx[:] = x
-    sg[:] = g
-    for m in range(k):
-        sx[spots[m] >> 1] = 0.0
-        sg[spots[m] >> 1] = 0.0
+            x_nan, g_nan = x_spec and (xb & xman) != 0, g_spec and (gb & _F64_MAN) != 0
+            same = (x_nan and g_nan) or (x_spec and g_spec and not x_nan and not g_nan
+                                          and (xb < 0) == (gb < 0))
+            spots[k] = 2 * j + (0 if same else 1)
+            k += 1
     return k
 
 
@@ -694,11 +751,11 @@ _FAR_CELL = np.uint32(np.float64(_FAR).view(np.int64) >> (52 - CELL_BITS))
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _settle_specials(out, spots, k, rels, tols, cells):
-    """A block's figures from the lean variant over its finite copy (_finite_copy) made
-    the block's own: its k NaN / Inf pairs counted as such rather than as pairs of zeros
+    """A block's figures from the masked variant (NaN / Inf pairs as zeros; spots from
+    _special_spots) made the block's own: its k NaN / Inf pairs counted as such rather than as pairs of zeros
     (each had added one to the finite pairs, the small values and every within-tolerance
     count), and a placement mismatch's kept error the largest (an equal NaN / Inf's is 0,
-    as the copy's zeros gave). rels, tols, cells: empty when not kept."""
+    as the zeros gave). rels, tols, cells: empty when not kept."""
     bad = 0.0
     for m in range(k):
         if spots[m] & 1:
@@ -729,7 +786,7 @@ def _make_pass(kernel: str, eb_half: bool):
     @njit(cache=True, parallel=True, error_model="numpy")
     def _pass(a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
               base, t1, t2, heat, where, starts, ends, scratch, cells_of, flagged_of,
-              finite_a_of, finite_abits_of, floor_kind, a16, up_of, up_bits_of, up_half):
+              floor_kind, a16, up_of, up_bits_of, up_half):
         """Per block: the kernel's metrics and error balance counts, then (out_f not
         empty) the golden rounded to the output dtype and its metrics and counts, then
         (hist not empty) both histograms and (heat not empty) the kernel's heat map, all
@@ -738,15 +795,14 @@ def _make_pass(kernel: str, eb_half: bool):
         the chunk's first element, the tensor's rows and columns, and 1 when the heat
         map shows allclose's d / (atol + rtol |g|) rather than the relative error.
         Each thread walks every n_threads-th block with buffers of its own (rels, tols,
-        the rounded golden, msprobe's cast golden, the finite copies of a block with
-        NaN / Inf; the errors' table cells; the histogram's flagged elements), made
-        once per call: a fresh 512 KiB array per block was a fresh mapping, paid for in
-        page faults.
+        the rounded golden, msprobe's cast golden; the errors' table cells; the
+        histogram's flagged elements and a block's NaN / Inf spots), made once per call:
+        a fresh 512 KiB array per block was a fresh mapping, paid for in page faults.
 
         Every block goes through the lean variant: a block with NaN or Inf through its
-        finite copy (_finite_copy, _settle_specials), and so does the thread's next
-        block, where NaN / Inf spread through a tensor would make the try on the block
-        itself a waste. ``floor_kind``: the output's ROUND_ kind (else 0: _round_range
+        masked twin, which takes those pairs as zeros (_special_spots, _settle_specials),
+        and so does the thread's next block, where NaN / Inf spread through a tensor
+        would make the try on the block itself a waste. ``floor_kind``: the output's ROUND_ kind (else 0: _round_range
         rounds the floor). An fp32 floor's block rounds the golden as it goes where the
         kernel's block has no NaN / Inf; the rounded golden is written out (r) only where
         something must read it again: NaN / Inf (the golden's, or a finite one the
@@ -763,10 +819,26 @@ def _make_pass(kernel: str, eb_half: bool):
         n_threads = scratch.shape[0]
         n_blocks = out.shape[0]
 
-        def kernel_block(x, xbits, y, ybits, ob, rels, tols, kept):
-            """The kernel's lean block variant, for what the pass keeps: True when the
-            block holds NaN / Inf."""
+        def kernel_block(x, xbits, y, ybits, ob, rels, tols, kept, masked):
+            """The kernel's lean block variant (``masked``: its masked twin), for what the
+            pass keeps: True when the block holds NaN / Inf."""
             args = (x, xbits, aexp, aman, y, ybits, 0, x.shape[0], c, ob, rels, tols, kept)
+            if masked:
+                if eb_half:
+                    if keep_tols:
+                        return _masked_half_tols(*args)
+                    if keep_rels:
+                        return _masked_half_rels(*args)
+                    if keep_cells:
+                        return _masked_half_cells(*args)
+                    return _masked_half_metrics(*args)
+                if keep_tols:
+                    return _masked_tols(*args)
+                if keep_rels:
+                    return _masked_rels(*args)
+                if keep_cells:
+                    return _masked_cells(*args)
+                return _masked_metrics(*args)
             if eb_half:
                 if keep_tols:
                     return _half_block_tols(*args)
@@ -783,11 +855,15 @@ def _make_pass(kernel: str, eb_half: bool):
                 return _block_cells(*args)
             return _block_metrics(*args)
 
-        def floor_block(x, xbits, y, ybits, ob, rels, tols, kept):
-            """The floor's lean block variant over the rounded golden x: the cells when
-            the kernel keeps them."""
+        def floor_block(x, xbits, y, ybits, ob, rels, tols, kept, masked):
+            """The floor's lean block variant over the rounded golden x (``masked``: its
+            masked twin): the cells when the kernel keeps them."""
             args = (x, xbits, _F64_EXP, _F64_MAN, y, ybits, 0, x.shape[0], c, ob, rels,
                     tols, kept)
+            if masked:
+                if keep_cells:
+                    return _masked_cells(*args)
+                return _masked_metrics(*args)
             if keep_cells:
                 return _block_cells(*args)
             return _block_metrics(*args)
@@ -810,9 +886,6 @@ def _make_pass(kernel: str, eb_half: bool):
                 tols = scratch[t, 1, :hi - lo]
                 r = scratch[t, 2, :hi - lo]
                 cast = scratch[t, 3, :hi - lo]
-                finite_g = scratch[t, 4, :hi - lo]
-                finite_a = finite_a_of[t, :hi - lo]
-                finite_abits = finite_abits_of[t, :hi - lo]
                 kept = cells_of[t, :hi - lo]
                 ob = out[b]
                 if upcast:
@@ -822,11 +895,10 @@ def _make_pass(kernel: str, eb_half: bool):
                 else:
                     x, xbits = a[lo:hi], abits[lo:hi]
                 y, ybits = g[lo:hi], gbits[lo:hi]
-                if not try_clean or kernel_block(x, xbits, y, ybits, ob, rels, tols, kept):
-                    k = _finite_copy(x, xbits, aexp, aman, y, ybits, finite_a, finite_g,
-                                     flagged)
-                    kernel_block(finite_a, finite_abits, finite_g, finite_g.view(np.int64),
-                                 ob, rels, tols, kept)
+                if not try_clean or kernel_block(x, xbits, y, ybits, ob, rels, tols, kept,
+                                                 False):
+                    k = _special_spots(x, xbits, aexp, aman, y, ybits, flagged)
+                    kernel_block(x, xbits, y, ybits, ob, rels, tols, kept, True)
                     _settle_specials(ob, flagged, k, rels if keep_rels else rels[:0],
                                      tols if keep_tols else tols[:0],
                                      kept if keep_cells else kept[:0])
@@ -856,15 +928,13 @@ def _make_pass(kernel: str, eb_half: bool):
                         specials = floor_on_the_fly(y, ybits, ofb, rels, tols, kept)
                     else:
                         specials = not clean or floor_block(r, rbits, y, ybits, ofb, rels,
-                                                            tols, kept)
+                                                            tols, kept, False)
                     if specials:
                         if not r_ready:
                             _round_into(g, gbits, lo, hi, rp, floor_kind, r)
                             r_ready = True
-                        k = _finite_copy(r, rbits, _F64_EXP, _F64_MAN, y, ybits, cast,
-                                         finite_g, flagged)
-                        floor_block(cast, cast.view(np.int64), finite_g,
-                                    finite_g.view(np.int64), ofb, rels, tols, kept)
+                        k = _special_spots(r, rbits, _F64_EXP, _F64_MAN, y, ybits, flagged)
+                        floor_block(r, rbits, y, ybits, ofb, rels, tols, kept, True)
                         _settle_specials(ofb, flagged, k, rels[:0], tols[:0],
                                          kept if keep_cells else kept[:0])
                     if counts:
@@ -1151,14 +1221,13 @@ _FLOOR_KINDS = {torch.float32: ROUND_F32, torch.bfloat16: ROUND_BF16,
                 torch.float16: ROUND_F16}
 
 
-def _buffers(n_threads: int, width: int, finite_dtype, upcast: bool):
-    """The pass's per-thread buffers: errors, rounded and cast golden and the golden's
-    finite copy (5 x width float64); the histogram's flagged elements; the errors' table
-    cells; the actual's finite copy (``finite_dtype``); and the float32 block a bf16 /
-    fp16 output is upcast into (``upcast``; else an empty one of ``finite_dtype``).
-    Full-block ones (6.5 MiB on 2 threads) are kept for the calling thread's next call
-    rather than allocated again by every compare of an output of a block or more (a run
-    compares thousands)."""
+def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
+    """The pass's per-thread buffers: errors, rounded and cast golden (4 x width float64);
+    the histogram's flagged elements (and a block's NaN / Inf spots); the errors' table
+    cells; and the float32 block a bf16 / fp16 output is upcast into (``upcast``; else
+    an empty one of the actual's ``dtype``, so that both branches type alike). Full-block ones (5 MiB on 2 threads) are kept for the calling thread's
+    next call rather than allocated again by every compare of an output of a block or
+    more (a run compares thousands)."""
     kept = {}
     if width == BLOCK:
         kept = getattr(_BUFFERS, "full", None)
@@ -1166,16 +1235,13 @@ def _buffers(n_threads: int, width: int, finite_dtype, upcast: bool):
             kept = _BUFFERS.full = {}
     shape = (n_threads, width)
     if "scratch" not in kept:
-        kept.update(scratch=np.empty((n_threads, 5, width)),
+        kept.update(scratch=np.empty((n_threads, 4, width)),
                     flagged=np.empty(shape, dtype=np.int64),
                     cells=np.empty(shape, dtype=np.uint32))
-    finite = np.dtype(finite_dtype).name
-    if finite not in kept:
-        kept[finite] = np.empty(shape, dtype=finite_dtype)
     if upcast and "upcast" not in kept:
         kept["upcast"] = np.empty(shape, dtype=np.float32)
-    up = kept["upcast"] if upcast else np.empty((n_threads, 0), dtype=finite_dtype)
-    return kept["scratch"], kept["flagged"], kept["cells"], kept[finite], up
+    up = kept["upcast"] if upcast else np.empty((n_threads, 0), dtype=dtype)
+    return kept["scratch"], kept["flagged"], kept["cells"], up
 
 
 def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None,
@@ -1212,9 +1278,9 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     # golden and the histogram's flagged elements, reused by every block the thread takes
     n_threads = max(1, min(numba.get_num_threads(), -(-total // BLOCK)))
     up = a.dtype in (torch.bfloat16, torch.float16)
-    scratch, flagged, kept_cells, finite_a, up_buf = _buffers(
-        n_threads, min(BLOCK, max(total, 1)),
-        np.float64 if a.dtype == torch.float64 else np.float32, up)
+    scratch, flagged, kept_cells, up_buf = _buffers(
+        n_threads, min(BLOCK, max(total, 1)), up,
+        np.float64 if a.dtype == torch.float64 else np.float32)
     if up:  # the pass upcasts each block of the bits itself
         a16 = a.view(torch.int16).numpy()
         a_np = np.empty(0, dtype=np.float32)
@@ -1232,8 +1298,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     where = np.array([0, rows, cols, heat == "tol"], dtype=np.int64)
     pass_(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c, rp, rp_eb, parts,
           parts_f, hist_blocks, eb_blocks, _HIST_CELLS, _HIST_BASE, _HIST_T1, _HIST_T2,
-          heat_threads, where, starts, ends, scratch, kept_cells, flagged, finite_a,
-          _bits_of(finite_a)[0], _FLOOR_KINDS.get(dtype, 0) if floor else 0, a16, up_buf,
+          heat_threads, where, starts, ends, scratch, kept_cells, flagged,
+          _FLOOR_KINDS.get(dtype, 0) if floor else 0, a16, up_buf,
           _bits_of(up_buf)[0], a.dtype == torch.float16)
     if heat:
         np.maximum(grid, heat_threads.max(axis=0), out=grid)
