@@ -394,8 +394,8 @@ def _pair_at(a, abits, aexp, g, gbits, i, kind, masked):
 # The counts a block pass takes in loops of their own, for a block whose actual is a
 # (``kind`` 0) or the golden rounded as the loop goes (a ROUND_ kind: the floor's block,
 # _make_block's floor_of), with NaN / Inf pairs as zeros (``masked``). kind and masked
-# are arguments: the loop runs as fast as one compiled for constants (LLVM takes the
-# tests out of the loop)
+# are arguments, constants of the block variant that calls them: inlined there, the
+# loop runs as fast as one compiled for them
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def _count_over(a, abits, aexp, g, gbits, lo, hi, c, limit, kind, masked):
