@@ -420,9 +420,8 @@ def _tolerance_counts(a, abits, aexp, g, gbits, lo, hi, c, out, kind, masked):
         av, gv, _ = _pair_at(a, abits, aexp, g, gbits, np.uint64(j), kind, masked)
         d = abs(av - gv)
         ag = abs(gv)
-        zero_bad += (1.0 if ag == 0.0 else 0.0) * (1.0 if d > 0.0 else 0.0)
-        big = 1.0 - (1.0 if ag <= small else 0.0)
-        n_rel_bad += big * (1.0 if d > abs_rtol * (ag + eps_abs) else 0.0)
+        zero_bad += 1.0 if (ag == 0.0) & (d > 0.0) else 0.0
+        n_rel_bad += 1.0 if (ag > small) & (d > abs_rtol * (ag + eps_abs)) else 0.0
         n_v2 += 1.0 if d <= v2_atol + v2_rtol * ag else 0.0
         n_case += 1.0 if d <= atol + rtol * ag else 0.0
     out[N_REL_BAD] = n_rel_bad
@@ -436,21 +435,20 @@ def _ratio_counts(a, abits, aexp, g, gbits, lo, hi, c, out, kind, masked):
     """The hundredth / thousandth / ten-thousandth counts of a finite block a[lo:hi]
     against g[lo:hi] into out, in the masked one-loop pass's expressions."""
     small, eps_ms, thou_atol = c[C_SMALL], c[C_EPS_MS], c[C_THOU_ATOL]
-    ok2 = ok3 = ok4 = 0.0
+    ok_small = ok2 = ok3 = ok4 = 0.0
     for j in range(lo, hi):
         av, gv, _ = _pair_at(a, abits, aexp, g, gbits, np.uint64(j), kind, masked)
         d = abs(av - gv)
         ag = abs(gv)
-        sm = 1.0 if ag <= small else 0.0
+        big = ag > small
         denom = ag + eps_ms
-        big = 1.0 - sm
-        within_thou = 1.0 if d <= thou_atol else 0.0
-        ok2 += sm * within_thou + big * (1.0 if d < 1e-2 * denom else 0.0)
-        ok3 += sm * within_thou + big * (1.0 if d < 1e-3 * denom else 0.0)
-        ok4 += sm * within_thou + big * (1.0 if d < 1e-4 * denom else 0.0)
-    out[N_OK_1E2] = ok2
-    out[N_OK_1E3] = ok3
-    out[N_OK_1E4] = ok4
+        ok_small += 1.0 if (ag <= small) & (d <= thou_atol) else 0.0
+        ok2 += 1.0 if big & (d < 1e-2 * denom) else 0.0
+        ok3 += 1.0 if big & (d < 1e-3 * denom) else 0.0
+        ok4 += 1.0 if big & (d < 1e-4 * denom) else 0.0
+    out[N_OK_1E2] = ok_small + ok2
+    out[N_OK_1E3] = ok_small + ok3
+    out[N_OK_1E4] = ok_small + ok4
 
 
 # the variants in use (each compiled when first called): the kernel's with a heat map of
