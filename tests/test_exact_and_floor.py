@@ -108,55 +108,66 @@ def test_the_metrics_pass_rounds_the_floor_on_the_fly_like_exact_arithmetic(dtyp
         assert not wrong, wrong[:5]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("standard", ["cann_v1", "allclose"])
-def test_a_correctly_rounded_block_is_its_own_floor(standard):
-    """A block of an fp32 output that is the golden rounded, bit for bit, takes the
-    floor's figures and histogram from its own (the pass measures nothing twice): they
-    are the floor of the same golden under an output that is rounded nowhere, to the
-    last bit. Blocks rounded exactly, off by an ulp once, holding +0 where the rounded
-    golden is -0, and a vector tail; then the reason it holds: every kernel block
-    variant over the rounded golden gives the floor's variant's slots and cells."""
+def test_a_correctly_rounded_block_is_its_own_floor(dtype, standard):
+    """A block of an output that is the golden rounded, bit for bit, takes the floor's
+    figures, histogram and error balance from its own (the pass measures nothing twice):
+    they are the floor of the same golden under an output that is rounded nowhere, to
+    the last bit. Blocks rounded exactly, off by an ulp once, holding +0 where the
+    rounded golden is -0, and a vector tail; then the reason it holds: every kernel
+    block variant over the rounded golden gives the slots and cells of the floor's own
+    variant (fp32: rounding as it goes; bf16 / fp16: over the rounded golden)."""
     from verify.comparator import metrics
     from verify.comparator.comparison import compare
     block = metrics.BLOCK
     gen = torch.Generator().manual_seed(21)
     g = torch.randn(5 * block + 333, generator=gen, dtype=torch.float64) * 3.0
-    g[block + 5] = -1e-60  # rounds to -0.0 in float32
-    exact = g.to(torch.float32)
+    g[block + 5] = -1e-60  # rounds to -0.0
+    exact = round_once(g, dtype)  # torch's own bf16 cast rounds twice, by float32
     mixed = exact.clone()
-    mixed[2 * block + 7] = torch.nextafter(mixed[2 * block + 7], torch.tensor(9.0))
+    mixed[2 * block + 7] = torch.nextafter(mixed[2 * block + 7].float(),
+                                           torch.tensor(9.0)).to(dtype)
     mixed[block + 5] = 0.0  # +0 where the rounded golden is -0: not the rounded golden
-    noisy = (g * (1 + 1e-6 * torch.randn(g.shape, generator=gen, dtype=torch.float64))
-             ).to(torch.float32)
+    noise = {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
+    noisy = (g * (1 + noise * torch.randn(g.shape, generator=gen, dtype=torch.float64))
+             ).to(dtype)
     want = compare(noisy.reshape(-1, 7), g.reshape(-1, 7), standard=standard)
     for actual in (exact, mixed):
         got = compare(actual.reshape(-1, 7), g.reshape(-1, 7), standard=standard)
         assert repr(got.floor) == repr(want.floor)
         assert got.histogram["floor"] == want.histogram["floor"]
-        assert got.floor_margin == want.floor_margin or math.isnan(want.floor_margin)
     own = compare(exact, g, standard=standard)  # the output is its floor
     assert repr(replace(own.metrics, argmax_abs=-1, argmax_rel=-1)) == repr(own.floor)
+
     g_np = g.numpy()[:block - 5]
-    a_np = g_np.astype(np.float32)
-    abits, aexp, aman = metrics._bits_of(a_np)
-    f64 = (metrics._F64_EXP, metrics._F64_MAN)
-    for tols in ((1e-5, 1.3e-6), (0.0, 0.0)):  # quiet, and loud: the count loops too
-        c = metrics._constants(torch.float32, *tols)
-        for kernel, floor in ((metrics._block_tols, metrics._floor_f32_cells),
-                              (metrics._block_rels, metrics._floor_f32_cells),
-                              (metrics._block_cells, metrics._floor_f32_cells),
-                              (metrics._block_metrics, metrics._floor_f32_metrics)):
+    kind = metrics._FLOOR_KINDS[dtype]
+    r = np.empty_like(g_np)
+    metrics._rounded_range(g_np, 0, len(g_np), kind, r)
+    x = torch.from_numpy(r).to(torch.float32).numpy()  # the output as the pass reads it
+    gb = g_np.view(np.int64)
+    half = "half_" if dtype == torch.float16 else ""
+    for tols in (metrics.default_tolerances(dtype), (0.0, 0.0)):  # quiet, and loud
+        c = metrics._constants(dtype, *tols)
+        for keep in ("tols", "rels", "cells", "metrics"):
+            kernel = getattr(metrics, f"_{half}block_{keep}")
+            if dtype == torch.float32:  # the floor's variant rounds the golden itself
+                floor = getattr(metrics, f"_floor_f32_{'metrics' if keep == 'metrics' else 'cells'}")
+                floor_args = (g_np, gb, metrics._F64_EXP, metrics._F64_MAN)
+            else:
+                floor = metrics._block_metrics if keep == "metrics" else metrics._block_cells
+                floor_args = (r, r.view(np.int64), metrics._F64_EXP, metrics._F64_MAN)
             slots, cells = [], []
-            for variant, x, xbits, (xexp, xman) in ((kernel, a_np, abits, (aexp, aman)),
-                                                    (floor, g_np, g_np.view(np.int64), f64)):
+            for variant, args in ((kernel, (x,) + metrics._bits_of(x)), (floor, floor_args)):
                 out = np.zeros(metrics.N_SLOTS)
                 kept = np.zeros(len(g_np), np.uint32)
                 scratch = np.zeros(len(g_np))
-                assert not variant(x, xbits, xexp, xman, g_np, g_np.view(np.int64), 0,
-                                   len(g_np), c, out, scratch, scratch.copy(), kept)
+                assert not variant(*args, g_np, gb, 0, len(g_np), c, out, scratch,
+                                   scratch.copy(), kept)
+                out[[metrics.EB_GT, metrics.EB_LT]] = 0  # counted against other casts
                 slots.append(out.view(np.int64))
                 cells.append(kept)
-            assert (slots[0] == slots[1]).all() and (cells[0] == cells[1]).all(), kernel
+            assert (slots[0] == slots[1]).all() and (cells[0] == cells[1]).all(), keep
 
 
 def test_exact_on_floats_is_exact():

@@ -616,14 +616,15 @@ def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, half_counts, out, cast, rou
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _is_rounded_golden(x, g):
-    """Whether the output block x is g rounded to float32, bit for bit (the sign of a
-    zero too): a correctly rounded block, whose error floor is its own figures. Asked
-    only of a finite block whose error balance counts say x == float32(g) everywhere."""
+def _is_rounded_golden(x, g, kind):
+    """Whether the output block x is g rounded once into the format of ``kind`` (a ROUND_
+    kind), bit for bit (the sign of a zero too): a correctly rounded block, whose error
+    floor is its own figures. Asked only of a finite block whose ULP errors are all
+    within half of one, as a correctly rounded block's are."""
     same = 0
     for j in range(x.shape[0]):
         i = np.uint64(j)
-        same += 1 if _bits(np.float64(x[i])) == _bits(np.float64(np.float32(g[i]))) else 0
+        same += 1 if _bits(np.float64(x[i])) == _bits(_rounded(g[i], kind)) else 0
     return same == x.shape[0]
 
 
@@ -919,20 +920,18 @@ def _make_pass(kernel: str, eb_half: bool):
                 if counts:
                     _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
                                  0)
-                on_the_fly = floor and clean and floor_kind == ROUND_F32
-                # a block that is the golden rounded to float32, bit for bit: the floor's
-                # figures are the kernel's own (the same block variant over the same
-                # values: test_a_correctly_rounded_block_is_its_own_floor)
-                own_floor = on_the_fly and not eb_half and ob[EB_GT] == 0.0 \
-                    and ob[EB_LT] == 0.0 and _is_rounded_golden(x, y)
+                # a block that is the golden rounded to the output's format, bit for bit
+                # (its ULP errors within half of one, then each element's bits checked):
+                # the floor's figures are the kernel's own, the same block template over
+                # the same values (test_a_correctly_rounded_block_is_its_own_floor)
+                own_floor = floor and clean and floor_kind != 0 and ob[MAX_ULP] <= 0.5 \
+                    and _is_rounded_golden(x, y, floor_kind)
                 if own_floor:
                     out_f[b, :] = ob
                     if counts:
                         hist[b, 1, :] = hist[b, 0, :]
-                    floor_left = False
-                    on_the_fly = False
-                else:
-                    floor_left = floor
+                floor_left = floor and not own_floor
+                on_the_fly = floor_left and clean and floor_kind == ROUND_F32
                 r_ready = floor_left and not on_the_fly
                 if r_ready:
                     _round_into(g, gbits, lo, hi, rp, floor_kind, r)
@@ -941,6 +940,8 @@ def _make_pass(kernel: str, eb_half: bool):
                 rounded = r if r_ready and same_format and rp_eb[0] != 24.0 else r[:0]
                 _eb_of_block(x, g, gbits, lo, hi, rp_eb, ob, eb_half, eb[b, 0:2], cast,
                              rounded)
+                if own_floor:  # against msprobe's cast golden, as the kernel's
+                    eb[b, 2:4] = eb[b, 0:2]
                 if floor_left:
                     # the rounded golden is NaN / Inf where the golden is (and where a
                     # finite golden overflows the output dtype): the kernel's block tells
