@@ -8,7 +8,9 @@ float32 / float64 / bf16 / fp16 actual (a bf16 / fp16 one is upcast a block at a
 the pass; fp8 and integers whole, before it). The report's plot data comes from the
 same pass: each element's errors are kept while its block is in cache, for the histogram
 (binned by a table of exponent and top significand bits, no logarithm) and the heat map
-(cell maxima).
+(cell maxima). The error floor (the golden rounded to the output's format) is measured in
+the same pass, except in a block that is the golden rounded, bit for bit: there it is the
+block's own figures.
 
 Definitions follow reference/standards.md (a = actual, g = golden, d = |a - g|):
 - mere / mare: mean / max of d / (|g| + 1e-7) (CANN v1)
