@@ -152,7 +152,8 @@ def test_a_correctly_rounded_block_is_its_own_floor(dtype, standard):
         for keep in ("tols", "rels", "cells", "metrics"):
             kernel = getattr(metrics, f"_{half}block_{keep}")
             if dtype == torch.float32:  # the floor's variant rounds the golden itself
-                floor = getattr(metrics, f"_floor_f32_{'metrics' if keep == 'metrics' else 'cells'}")
+                kept_by_floor = "metrics" if keep == "metrics" else "cells"
+                floor = getattr(metrics, f"_floor_f32_{kept_by_floor}")
                 floor_args = (g_np, gb, metrics._F64_EXP, metrics._F64_MAN)
             else:
                 floor = metrics._block_metrics if keep == "metrics" else metrics._block_cells

@@ -227,21 +227,21 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     golden, fp16's metrics took 64 ms at [7168, 4096], in the block pass 45-50 (measured
     when it moved there).
 
-    For a block without NaN or Inf, whose arithmetic needs no masks (a block with one
-    goes through the ``masked`` twin, which takes each pair holding NaN or Inf as a
-    pair of zeros, tested on the bits, and _settle_specials). Its loop computes every sum and maximum,
-    the counts that depend on the data everywhere (the error balance's, magnitude bias,
-    ULP > 1, small values and those beyond their atol) and the kept errors, and counts
+    For a block without NaN or Inf, whose arithmetic needs no masks (a block with one goes
+    through the ``masked`` twin, which takes each pair holding NaN or Inf as a pair of
+    zeros, tested on the bits, and _settle_specials). Its loop computes every sum and
+    maximum, the counts that depend on the data everywhere (the error balance's, magnitude
+    bias, ULP > 1, small values and those beyond their atol) and the kept errors, and counts
     the *loud* elements, d > fl(q |g|) (C_QUIET, _slope_of): a quiet block's tolerance
     counts are known without a test (all within CANN v2's and the case's tolerance, none
-    beyond msprobe's absolute threshold, no error at a zero golden; for fp32 / fp64
-    outputs all within the hundredth / thousandth / ten-thousandth too). A loud block
-    counts them in loops of their own over the block while it is in cache
-    (_tolerance_counts, _ratio_counts), as do bf16 / fp16 outputs the ratio family
-    (C_RATIOS); ULP errors over 32 are counted only where the block's largest is
-    (_count_over). 65 instructions per 8 elements at fp32, where one loop with masks for
-    NaN / Inf and every count took 123 (that loop's figures, kept as tests/masked_block.py,
-    are these to the bit). Returns True when the block holds NaN / Inf.
+    beyond msprobe's absolute threshold, no error at a zero golden; for fp32 / fp64 outputs
+    all within the hundredth / thousandth / ten-thousandth too). A loud block counts them in
+    loops of their own over the block while it is in cache (_tolerance_counts,
+    _ratio_counts), as do bf16 / fp16 outputs the ratio family (C_RATIOS); ULP errors over
+    32 are counted only where the block's largest is (_count_over). 65 instructions per 8
+    elements at fp32, where one loop with masks for NaN / Inf and every count took 123 (that
+    loop's figures, kept as tests/masked_block.py, are these to the bit). Returns True when
+    the block holds NaN / Inf.
 
     ``floor_of`` (ROUND_F32): the error floor's block, whose actual is the golden rounded
     to the output's format as the loop goes (_rounded; a and abits are not read, aexp is
@@ -765,10 +765,10 @@ _FAR_CELL = np.uint32(np.float64(_FAR).view(np.int64) >> (52 - CELL_BITS))
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _settle_specials(out, spots, k, rels, tols, cells):
     """A block's figures from the masked variant (NaN / Inf pairs as zeros; spots from
-    _special_spots) made the block's own: its k NaN / Inf pairs counted as such rather than as pairs of zeros
-    (each had added one to the finite pairs, the small values and every within-tolerance
-    count), and a placement mismatch's kept error the largest (an equal NaN / Inf's is 0,
-    as the zeros gave). rels, tols, cells: empty when not kept."""
+    _special_spots) made the block's own: its k NaN / Inf pairs counted as such rather than
+    as pairs of zeros (each had added one to the finite pairs, the small values and every
+    within-tolerance count), and a placement mismatch's kept error the largest (an equal NaN
+    / Inf's is 0, as the zeros gave). rels, tols, cells: empty when not kept."""
     bad = 0.0
     for m in range(k):
         if spots[m] & 1:
@@ -814,13 +814,13 @@ def _make_pass(kernel: str, eb_half: bool):
 
         Every block goes through the lean variant: a block with NaN or Inf through its
         masked twin, which takes those pairs as zeros (_special_spots, _settle_specials),
-        and so does the thread's next block, where NaN / Inf spread through a tensor
-        would make the try on the block itself a waste. ``floor_kind``: the output's ROUND_ kind (else 0: _round_range
-        rounds the floor). An fp32 floor's block rounds the golden as it goes where the
-        kernel's block has no NaN / Inf; the rounded golden is written out (r) only where
-        something must read it again: NaN / Inf (the golden's, or a finite one the
-        rounding overflows) or another format. A bf16 / fp16 output comes as its bits
-        (a16; a and abits empty): each block is upcast into the thread's row of up_of
+        and so does the thread's next block, where NaN / Inf spread through a tensor would
+        make the try on the block itself a waste. ``floor_kind``: the output's ROUND_ kind
+        (else 0: _round_range rounds the floor). An fp32 floor's block rounds the golden as
+        it goes where the kernel's block has no NaN / Inf; the rounded golden is written out
+        (r) only where something must read it again: NaN / Inf (the golden's, or a finite
+        one the rounding overflows) or another format. A bf16 / fp16 output comes as its
+        bits (a16; a and abits empty): each block is upcast into the thread's row of up_of
         (up_bits_of: its bits) first (``up_half``: IEEE half)."""
         n = g.shape[0]
         upcast = a16.shape[0] > 0
@@ -1251,9 +1251,10 @@ def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
     """The pass's per-thread buffers: errors, rounded and cast golden (4 x width float64);
     the histogram's flagged elements (and a block's NaN / Inf spots); the errors' table
     cells; and the float32 block a bf16 / fp16 output is upcast into (``upcast``; else
-    an empty one of the actual's ``dtype``, so that both branches type alike). Full-block ones (5 MiB on 2 threads) are kept for the calling thread's
-    next call rather than allocated again by every compare of an output of a block or
-    more (a run compares thousands)."""
+    an empty one of the actual's ``dtype``, so that both branches type alike). Full-block
+    ones (5 MiB on 2 threads) are kept for the calling thread's next call rather than
+    allocated again by every compare of an output of a block or more (a run compares
+    thousands)."""
     kept = {}
     if width == BLOCK:
         kept = getattr(_BUFFERS, "full", None)
