@@ -223,8 +223,8 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
 
 @pytest.mark.parametrize("where", ["actual", "golden"])
 def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
-    """The pass's lean variant only notes a NaN / Inf and then takes the block's finite
-    copy: one NaN or Inf at a block's first or last element,
+    """The pass's lean variant only notes a NaN / Inf and then takes the block through its
+    masked twin: one NaN or Inf at a block's first or last element,
     or in the tail, must still be a placement mismatch, and leave every other element's
     figures as NumPy computes them without it."""
     n = 2 * metrics.BLOCK + 77
@@ -242,6 +242,33 @@ def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
             assert m.nan_inf_mismatch == 1 and m.n == n - 1, (pos, bad)
             assert m.max_abs == d.max(), (pos, bad)
             assert m.rmse == pytest.approx(math.sqrt((d ** 2).mean()), rel=1e-12), (pos, bad)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.003, 0.5, 1.0])
+@pytest.mark.parametrize("width", [np.float32, np.float64])
+def test_the_special_spots_are_numpy_s(share, width):
+    """_special_spots finds every pair that holds NaN or Inf, in order, and tells the same
+    NaN / the same signed Inf from a mismatch, as NumPy's isnan / isinf / sign say: none,
+    a few, half of the pairs (whole runs of 64 full of them) and all of them; at a run's
+    first and 64th element and in a block's tail of 7."""
+    rng = np.random.default_rng(int(share * 1000) + (width == np.float64))
+    n = 64 * 9 + 7
+    specials = np.array([np.nan, np.inf, -np.inf])
+    a = rng.standard_normal(n).astype(width)
+    g = rng.standard_normal(n)
+    for arr in (a, g):
+        pick = rng.random(n) < share
+        pick[[63, 64, n - 1]] = share > 0
+        arr[pick] = rng.choice(specials, pick.sum())
+    spots = np.full(n, -1, np.int64)
+    bits, xexp, xman = metrics._bits_of(a)
+    k = metrics._special_spots(a, bits, xexp, xman, g, g.view(np.int64), spots)
+    a64 = a.astype(np.float64)
+    where = np.nonzero(~np.isfinite(a64) | ~np.isfinite(g))[0]
+    same = (np.isnan(a64) & np.isnan(g)) | (np.isinf(a64) & np.isinf(g)
+                                             & (np.sign(a64) == np.sign(g)))
+    assert k == len(where)
+    assert (spots[:k] == 2 * where + np.where(same[where], 0, 1)).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
