@@ -57,6 +57,36 @@ def test_metrics_match_numpy_over_many_blocks(dtype):
     assert m.n == n
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("where", ["run start", "run end", "tail", "tie"])
+def test_the_worst_elements_are_numpy_s_first_largest(dtype, where):
+    """argmax_abs / argmax_rel: the first finite pair with the largest |a - g| and
+    d / (|g| + 1e-7), as NumPy finds them, wherever they lie in the tensor (a NaN / Inf
+    pair before them, whose error is not finite, is passed over)."""
+    gen = torch.Generator().manual_seed(3)
+    n = 2 * metrics.BLOCK + 1000
+    g = torch.randn(n, generator=gen, dtype=torch.float64)
+    a = (g * (1 + 1e-4 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
+    at = {"run start": metrics.BLOCK + 512, "run end": metrics.BLOCK + 255,
+          "tail": n - 1, "tie": 77}[where]
+    a[at] = g[at] + 40.0  # the largest error
+    g[at - 5] = 1e-9  # the largest relative error, beside it
+    a[at - 5] = 0.5
+    a[3] = float("nan")  # a NaN pair and an Inf pair before both
+    g[9] = float("inf")
+    if where == "tie":  # the same errors again, later: the first is the one
+        a[at + 5000], g[at + 5000] = a[at], g[at]
+        a[at + 4990], g[at + 4990] = a[at - 5], g[at - 5]
+    m = metrics.measure(a, g)
+    x, y = a.to(torch.float64).numpy(), g.numpy()
+    finite = np.isfinite(x) & np.isfinite(y)
+    with np.errstate(invalid="ignore"):
+        d = np.where(finite, np.abs(x - y), -1.0)
+        rel = np.where(finite, np.abs(x - y) / (np.abs(y) + 1e-7), -1.0)
+    assert (m.argmax_abs, m.argmax_rel) == (int(d.argmax()), int(rel.argmax())) \
+        == (at, at - 5)
+
+
 def test_nan_inf_placement():
     g = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0], dtype=torch.float64)
     same = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 2.0])

@@ -979,23 +979,33 @@ def _make_pass(kernel: str, eb_half: bool):
     return _pass
 
 
+_RUN = 256  # the elements _first_equal tests at once (vectorised) before it walks them
+
+
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _argmax_in(a, g, lo, hi, eps_cann):
-    """Index of the largest |a - g| and of the largest CANN relative error in [lo, hi)."""
-    best_d = best_r = -1.0
-    i_d = i_r = -1
-    for i in range(lo, hi):
-        av = np.float64(a[i])
-        gv = g[i]
-        if not (np.isfinite(av) and np.isfinite(gv)):
+def _first_equal(a, g, n, target, eps_cann, by_rel):
+    """Index of the first finite pair of a[:n], g[:n] whose |a - g| (``by_rel``: whose
+    CANN relative error d / (|g| + eps_cann)) is ``target`` (the block's maximum, as the
+    block pass computed it: the same IEEE operations), or -1. Each run of _RUN elements
+    is counted vectorised and only a run with a hit is walked: a scalar search of the
+    largest over the whole block took 1.75 ns an element, twice a compare."""
+    for lo in range(0, n, _RUN):
+        hi = min(lo + _RUN, n)
+        hits = 0
+        for j in range(lo, hi):
+            i = np.uint64(j)
+            d = abs(np.float64(a[i]) - g[i])
+            v = d / (abs(g[i]) + eps_cann) if by_rel else d
+            hits += 1 if v == target else 0
+        if hits == 0:
             continue
-        d = abs(av - gv)
-        r = d / (abs(gv) + eps_cann)
-        if d > best_d:
-            best_d, i_d = d, i
-        if r > best_r:
-            best_r, i_r = r, i
-    return i_d, i_r
+        for j in range(lo, hi):  # a NaN / Inf pair's error is NaN or inf: not finite
+            av, gv = np.float64(a[j]), g[j]
+            d = abs(av - gv)
+            v = d / (abs(gv) + eps_cann) if by_rel else d
+            if v == target and np.isfinite(av) and np.isfinite(gv):
+                return j
+    return -1
 
 
 _SUMS = (N, NONFINITE_BAD, SPECIAL_EQ, SUM_REL, SUM_SQ, DOT, AA, GG, SUM_EB,
@@ -1370,20 +1380,20 @@ def _pool_windows(length: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _locate_argmax(combined: np.ndarray, parts: np.ndarray, a, g, c, total: int) -> None:
-    """The element index of the largest |a - g| and relative error: found again inside
-    the one block that holds each maximum (the first such block; none where the block
-    maxima are NaN)."""
-    found: dict[int, tuple[int, int]] = {}  # block start -> (i_d, i_r): one pass a block
-    for key, slot, arg in (("abs", MAX_ABS, ARG_ABS), ("rel", MAX_REL_CANN, ARG_REL)):
+    """The element index of the largest |a - g| and relative error: the first element
+    whose error is that maximum, inside the first block that holds it (none where the
+    block maxima are NaN)."""
+    views: dict[int, tuple] = {}  # block start -> its actual (bf16 / fp16 upcast) and golden
+    for slot, arg, by_rel in ((MAX_ABS, ARG_ABS, False), (MAX_REL_CANN, ARG_REL, True)):
         b = int(np.argmax(parts[:, slot])) if len(parts) else -1
         if b >= 0 and parts[b, slot] >= 0.0:  # only that block is upcast again
             lo = b * BLOCK
-            if lo not in found:
+            if lo not in views:
                 hi = min(lo + BLOCK, total)
-                found[lo] = _argmax_in(_host_view(a[lo:hi]), g[lo:hi].numpy(), 0, hi - lo,
-                                       c[C_EPS_CANN])
-            i_d, i_r = found[lo]
-            combined[arg] = lo + (i_d if key == "abs" else i_r)
+                views[lo] = (_host_view(a[lo:hi]), g[lo:hi].numpy())
+            x, y = views[lo]
+            j = _first_equal(x, y, x.shape[0], parts[b, slot], c[C_EPS_CANN], by_rel)
+            combined[arg] = lo + j if j >= 0 else -1
 
 
 def _hist_dict(counts: np.ndarray) -> dict:
