@@ -265,12 +265,14 @@ def test_every_float_output_gets_its_histogram_from_the_metrics_pass():
 
 
 @pytest.mark.parametrize("shape", [(64, 1100), (100, 7), (2, 3, 40), (33, 65), (70000, 3),
-                                   (70001, 1), (3, 70001), (2100, 2000), (1, 1)])
+                                   (70001, 1), (3, 70001), (2100, 2000), (1, 1), (3000, 64),
+                                   (5, 3000)])
 def test_heat_map_comes_from_the_metrics_pass(shape):
     """The pass's heat map equals the torch one (adaptive max pooling over columns, rows
-    binned): wide rows (a vectorised max per window), narrow ones (column maxima per row
-    bin), windows that overlap (32 not dividing the columns), rows split across the pass's
-    blocks and chunks, misplaced and matching NaN / Inf, both measures."""
+    binned): rows up to 2048 wide (column maxima row by row), wider ones (a vectorised max
+    per window), narrow ones (column maxima per row bin), windows that overlap (32 not
+    dividing the columns), rows split across the pass's blocks and chunks, misplaced and
+    matching NaN / Inf, both measures."""
     from verify.comparator import comparison
     from verify.comparator import plotdata
     gen = torch.Generator().manual_seed(sum(shape))
