@@ -417,11 +417,11 @@ def _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, tolerances, ratios, 
     the block is in cache: ``tolerances``, msprobe's absolute threshold, CANN v2's and
     the case's tolerance and errors at a zero golden; ``ratios``, the hundredth /
     thousandth / ten-thousandth (into out); ``over``, how many ULP errors exceed 32
-    (returned). A loud block's loop counts these always (none where its largest ULP
-    error is within 32): 0.05 ns an element more than a loop without them, where a loop
-    of their own cost 0.18. A loud fp32 block with ULP errors over 32 cost 0.88 ns an
-    element more than a quiet block with three loops, 0.77 with one (one thread, a block
-    in cache)."""
+    (returned). A loud fp32 block with ULP errors over 32 took 2.15 ns an element with
+    three loops, 2.02-2.06 with one (one thread, a block in cache). A loud block's loop
+    counts these always (none where its largest ULP error is within 32): such a block
+    took 1.97 with two loops, 2.02-2.06 now; a copy without the ULP test took 1.90, but
+    the fourth compiled copy made a fresh machine's first compares 34-36 s, not 28-30."""
     v2_atol, v2_rtol, atol, rtol = c[C_V2_ATOL], c[C_V2_RTOL], c[C_ATOL], c[C_RTOL]
     small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
     eps_ms, thou_atol = c[C_EPS_MS], c[C_THOU_ATOL]
