@@ -129,6 +129,7 @@ def with_computed_error(golden: torch.Tensor, dtype, gen, size: float = 1e-7) ->
     return (golden * (1 + size * noise)).to(dtype)
 
 
+ERROR_SIZE = {"computed": 1e-7, "loud": 1e-4}  # with_computed_error's size per variant
 VARIANTS = (("fp32 [7168, 4096]", torch.float32, SHAPE, False),
             ("fp32 [7168, 4096], computed error", torch.float32, SHAPE, "computed"),
             ("bf16 [7168, 4096]", torch.bfloat16, SHAPE, False),
@@ -154,8 +155,8 @@ def variants() -> None:
             flat = golden.view(-1)
             flat[::1009] = float("nan")
             flat[7::2003] = float("inf")
-        actual = golden.to(dtype) if special not in ("computed", "loud") else \
-            with_computed_error(golden, dtype, gen, 1e-7 if special == "computed" else 1e-4)
+        actual = with_computed_error(golden, dtype, gen, ERROR_SIZE[special]) \
+            if special in ERROR_SIZE else golden.to(dtype)
         known = output_floor(golden, dtype, "cann_v1")
         fns = [lambda: (actual.sum(), golden.sum()),
                lambda: metrics.measure(actual, golden),

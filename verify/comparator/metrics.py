@@ -486,7 +486,8 @@ _masked_half_metrics = _make_block(False, False, False, True, masked=True)
 
 
 _ROW_MAXIMA_MOST = 2048  # the widest rows whose column maxima _heat_range keeps (windows
-# of 64 columns at most: at [7168, 4096], windows of 128, window by window is as fast)
+# of 64 columns at most); at [7168, 4096] (windows of 128) the column maxima took 2.4 / 3.5
+# ms of heat map, window by window 2.4 / 1.9 (two rounds)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
@@ -497,62 +498,52 @@ def _heat_range(vals, first, rows, cols, starts, ends, grid):
     windows of adaptive max pooling, which overlap when they do not divide cols)."""
     gr, gc = grid.shape[0], grid.shape[1]
     m = vals.shape[0]
-    done = 0
     last = first + m
-    if 64 <= cols <= _ROW_MAXIMA_MOST:
-        # rows of moderate width: per row bin, each column's maximum row by row (one
-        # vectorised max of the row into the columns'), then the windows over them.
-        # Window by window (below), narrow windows made the heat map 2.1 of 8.6 ms of a
-        # bf16 [2, 4096, 8, 64] output's plot data (windows of 2), 0.67 of 2.4 of an
-        # fp32 [1024, 1024] one's (windows of 32)
+    if cols <= _ROW_MAXIMA_MOST:
+        # per row bin (a run of whole rows, so one flat range [k, e)): each column's
+        # maximum, then the windows over those column maxima. Window by window (below),
+        # narrow windows made the heat map 2.1 of 8.6 ms of a bf16 [2, 4096, 8, 64]
+        # output's plot data (windows of 2), 0.67 of 2.4 of an fp32 [1024, 1024] one's
         colmax = np.zeros(cols)
         k = first
         while k < last:
             i = (k // cols) * gr // rows
             e = min(last, (((i + 1) * rows + gr - 1) // gr) * cols)  # row bin i's end
-            colmax[:] = 0.0
-            while k < e:
-                c0 = k % cols
-                c1 = min(cols, c0 + (e - k))
-                at = k - first - c0  # vals index of this row's column 0
-                for col in range(c0, c1):
-                    colmax[np.uint64(col)] = _fmax(colmax[np.uint64(col)],
-                                                   vals[np.uint64(at + col)])
-                k += c1 - c0
-            _flush_columns(colmax, starts, ends, grid[i])
-        return
-    if cols >= 64:  # wide rows: each window's part of a row is one vectorised max
-        while done < m:
-            r = (first + done) // cols
-            c0 = first + done - r * cols
-            c1 = min(cols, c0 + (m - done))
-            at = done - c0  # vals index of this row's column 0
-            i = r * gr // rows
-            for w in range(gc):
-                s, e = max(starts[w], c0), min(ends[w], c1)
-                if s < e:
+            if cols < 64:  # narrow rows: a strided walk per column
+                for col in range(cols):
                     top = 0.0
-                    for col in range(s, e):
-                        top = _fmax(top, vals[np.uint64(at + col)])
-                    grid[i, w] = max(grid[i, w], top)
-            done += c1 - c0
+                    for j in range(k + (col - k % cols) % cols, e, cols):
+                        top = _fmax(top, vals[np.uint64(j - first)])
+                    colmax[col] = top
+            else:  # row by row, one vectorised max of the row into the columns'
+                colmax[:] = 0.0
+                j = k
+                while j < e:
+                    c0 = j % cols
+                    c1 = min(cols, c0 + (e - j))
+                    at = j - first - c0  # vals index of this row's column 0
+                    for col in range(c0, c1):
+                        colmax[np.uint64(col)] = _fmax(colmax[np.uint64(col)],
+                                                       vals[np.uint64(at + col)])
+                    j += c1 - c0
+            _flush_columns(colmax, starts, ends, grid[i])
+            k = e
         return
-    # narrow rows: per row bin (a run of whole rows, so one flat range), each column's
-    # maximum by a strided walk, then the windows over those column maxima
-    colmax = np.zeros(cols)
-    i = (first // cols) * gr // rows
-    while i < gr:
-        s = max(first, ((i * rows + gr - 1) // gr) * cols)  # first row r: r * gr // rows == i
-        e = min(last, (((i + 1) * rows + gr - 1) // gr) * cols)
-        if s >= e:
-            break
-        for col in range(cols):
-            top = 0.0
-            for k in range(s + (col - s % cols) % cols, e, cols):
-                top = _fmax(top, vals[np.uint64(k - first)])
-            colmax[col] = top
-        _flush_columns(colmax, starts, ends, grid[i])
-        i += 1
+    done = 0  # wide rows: each window's part of a row is one vectorised max
+    while done < m:
+        r = (first + done) // cols
+        c0 = first + done - r * cols
+        c1 = min(cols, c0 + (m - done))
+        at = done - c0  # vals index of this row's column 0
+        i = r * gr // rows
+        for w in range(gc):
+            s, e = max(starts[w], c0), min(ends[w], c1)
+            if s < e:
+                top = 0.0
+                for col in range(s, e):
+                    top = _fmax(top, vals[np.uint64(at + col)])
+                grid[i, w] = max(grid[i, w], top)
+        done += c1 - c0
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1007,12 +998,13 @@ _RUN = 256  # the elements _first_equal tests at once (vectorised) before it wal
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _first_equal(a, g, n, target, eps_cann, by_rel):
-    """Index of the first finite pair of a[:n], g[:n] whose |a - g| (``by_rel``: whose
+def _first_equal(a, g, target, eps_cann, by_rel):
+    """Index of the first finite pair of a, g whose |a - g| (``by_rel``: whose
     CANN relative error d / (|g| + eps_cann)) is ``target`` (the block's maximum, as the
     block pass computed it: the same IEEE operations), or -1. Each run of _RUN elements
     is counted vectorised and only a run with a hit is walked: a scalar search of the
     largest over the whole block took 1.75 ns an element, twice a compare."""
+    n = a.shape[0]
     for lo in range(0, n, _RUN):
         hi = min(lo + _RUN, n)
         hits = 0
@@ -1416,7 +1408,7 @@ def _locate_argmax(combined: np.ndarray, parts: np.ndarray, a, g, c, total: int)
                 hi = min(lo + BLOCK, total)
                 views[lo] = (_host_view(a[lo:hi]), g[lo:hi].numpy())
             x, y = views[lo]
-            j = _first_equal(x, y, x.shape[0], parts[b, slot], c[C_EPS_CANN], by_rel)
+            j = _first_equal(x, y, parts[b, slot], c[C_EPS_CANN], by_rel)
             combined[arg] = lo + j if j >= 0 else -1
 
 
