@@ -216,7 +216,9 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
     element by element. Errors of exactly fl(q |g|), the next float above it (loud), half
     of it, none; goldens of 0, subnormal, in the small-value domain, at its bound,
     ordinary and huge; every standard's tolerances (atol or rtol 0 included, where the
-    slope may be unusable and the counts always run)."""
+    slope may be unusable and the counts always run). And small values off by the quiet
+    offset (C_QUIET_ABS: quiet too, fp16's subnormals), by half and twice it, and a zero
+    golden off by half of it (never quiet: an error at a zero golden is counted)."""
     atol, rtol = tols
     d_atol, d_rtol = metrics.default_tolerances(dtype)
     c = metrics._constants(dtype, d_atol if atol is None else atol,
@@ -230,10 +232,17 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
     g = np.array([mags[k % len(mags)] for k in range(n)]) * \
         np.where(torch.rand(n, generator=gen).numpy() < 0.5, -1.0, 1.0)
     store = np.float64 if dtype == torch.float64 else np.float32  # bf16 / fp16: as upcast
-    seen = {"quiet": 0, "loud": 0}
-    for step in ("none", "half", "at", "above"):
+    qa = c[metrics.C_QUIET_ABS]
+    near = (np.abs(g) <= small) & (g != 0)
+    seen = {}
+    for step in ("none", "half", "at", "above", "abs_half", "abs_at", "abs_over", "abs_zero"):
         if step == "none":
             a = g.copy()
+        elif step.startswith("abs"):  # small values off by (a part of) the quiet offset
+            part = {"abs_half": 0.5, "abs_at": 1.0, "abs_over": 2.0, "abs_zero": 0.5}[step]
+            bound = np.where(near, qa * part, np.abs(g) * max(q, 0.0) / 2)
+            bound = np.where(g == 0, qa * part if step == "abs_zero" else 0.0, bound)
+            a = g + np.where(g < 0, -bound, bound)
         else:
             bound = np.abs(g) * max(q, 0.0)
             bound = {"half": bound / 2, "at": bound, "above": np.nextafter(bound, np.inf)}[step]
@@ -241,14 +250,18 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
         a_np = torch.from_numpy(a).to(dtype).to(torch.from_numpy(np.zeros(1, store)).dtype
                                                 ).numpy()
         a = a_np.astype(np.float64)  # the stored actual's own error, as the pass sees it
-        loud = (np.abs(a - g) > np.abs(g) * q).any() or q < 0
-        seen["loud" if loud else "quiet"] += 1
+        d = np.abs(a - g)
+        loud = (d > np.maximum(np.abs(g) * q, np.where(near, qa, 0.0))).any() or q < 0
+        seen[step] = "loud" if loud else "quiet"
         for lean, twin, reference, _ in LEAN_AND_MASKED:
             want = _block_slots(reference, a_np, g, c)
             assert (_block_slots(lean, a_np, g, c) == want).all(), (step, lean)
             assert (_block_slots(twin, a_np, g, c) == want).all(), (step, twin)
-    if q > 0 and dtype == torch.float64:
-        assert seen["quiet"] >= 2 and seen["loud"] >= 1, seen
+    if q > 0 and dtype == torch.float64:  # the steps are what they say (exact errors)
+        assert [seen[k] for k in ("none", "half", "above")] == ["quiet", "quiet", "loud"], seen
+        if qa > 0:
+            assert [seen[k] for k in ("abs_half", "abs_over", "abs_zero")] == \
+                ["quiet", "loud", "loud"], seen
 
 
 @pytest.mark.parametrize("where", ["actual", "golden"])
