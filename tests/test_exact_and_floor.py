@@ -115,7 +115,8 @@ def test_a_correctly_rounded_block_is_its_own_floor(dtype, standard):
     figures, histogram and error balance from its own (the pass measures nothing twice):
     they are the floor of the same golden under an output that is rounded nowhere, to
     the last bit. Blocks rounded exactly, off by an ulp once, holding +0 where the
-    rounded golden is -0, and a vector tail; then the reason it holds: every kernel
+    rounded golden is -0, holding NaN / Inf (a NaN of another sign too) and a finite
+    golden that overflows, and a vector tail; then the reason it holds: every kernel
     block variant over the rounded golden gives the slots and cells of the floor's own
     variant (fp32: rounding as it goes; bf16 / fp16: over the rounded golden)."""
     from verify.comparator import metrics
@@ -124,7 +125,17 @@ def test_a_correctly_rounded_block_is_its_own_floor(dtype, standard):
     gen = torch.Generator().manual_seed(21)
     g = torch.randn(5 * block + 333, generator=gen, dtype=torch.float64) * 3.0
     g[block + 5] = -1e-60  # rounds to -0.0
+    # NaN / Inf in two blocks (through the masked twin), and a finite golden the rounding
+    # overflows to Inf
+    g[3 * block + 11::997] = float("nan")
+    g[4 * block + 2::1999] = float("inf")
+    g[4 * block + 3::1999] = -float("inf")
+    g[4 * block + 9] = 1e6 if dtype == torch.float16 else 1e39
     exact = round_once(g, dtype)  # torch's own bf16 cast rounds twice, by float32
+    other_nan = exact.clone()  # a NaN of another sign is NaN all the same
+    other_nan[3 * block + 11] = -exact[3 * block + 11]
+    nan_of_its_own = exact.clone()  # NaN where the rounded golden is finite: not it
+    nan_of_its_own[3 * block + 12] = float("nan")
     mixed = exact.clone()
     mixed[2 * block + 7] = torch.nextafter(mixed[2 * block + 7].float(),
                                            torch.tensor(9.0)).to(dtype)
@@ -133,7 +144,8 @@ def test_a_correctly_rounded_block_is_its_own_floor(dtype, standard):
     noisy = (g * (1 + noise * torch.randn(g.shape, generator=gen, dtype=torch.float64))
              ).to(dtype)
     want = compare(noisy.reshape(-1, 7), g.reshape(-1, 7), standard=standard)
-    for actual in (exact, mixed):
+    assert want.floor.nan_inf_mismatch == 1  # the golden that overflows
+    for actual in (exact, other_nan, nan_of_its_own, mixed):
         got = compare(actual.reshape(-1, 7), g.reshape(-1, 7), standard=standard)
         assert repr(got.floor) == repr(want.floor)
         assert got.histogram["floor"] == want.histogram["floor"]

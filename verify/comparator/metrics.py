@@ -675,13 +675,15 @@ def _eb_of_block(x, g, gbits, lo, hi, rp_eb, counts, half_counts, out, cast, rou
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _is_rounded_golden(x, g, kind):
     """Whether the output block x is g rounded once into the format of ``kind`` (a ROUND_
-    kind), bit for bit (the sign of a zero too): a correctly rounded block, whose error
-    floor is its own figures. Asked only of a finite block whose ULP errors are all
-    within half of one, as a correctly rounded block's are."""
+    kind), bit for bit (the sign of a zero too; a NaN of any sign or payload where the
+    rounded golden is NaN, as the figures see every NaN alike): a correctly rounded block,
+    whose error floor is its own figures. Asked only of a block whose finite pairs' ULP
+    errors are all within half of one, as a correctly rounded block's are."""
     same = 0
     for j in range(x.shape[0]):
         i = np.uint64(j)
-        same += 1 if _bits(np.float64(x[i])) == _bits(_rounded(g[i], kind)) else 0
+        xv, rv = np.float64(x[i]), _rounded(g[i], kind)
+        same += 1 if (_bits(xv) == _bits(rv)) | ((xv != xv) & (rv != rv)) else 0
     return same == x.shape[0]
 
 
@@ -976,10 +978,12 @@ def _make_pass(kernel: str, eb_half: bool):
                     _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
                                  0)
                 # a block that is the golden rounded to the output's format, bit for bit
-                # (its ULP errors within half of one, then each element's bits checked):
-                # the floor's figures are the kernel's own, the same block template over
-                # the same values (test_a_correctly_rounded_block_is_its_own_floor)
-                own_floor = floor and clean and floor_kind != 0 and ob[MAX_ULP] <= 0.5 \
+                # (its finite pairs' ULP errors within half of one, then each element's
+                # bits checked; a NaN where the rounded golden has one): the floor's
+                # figures are the kernel's own, the same block template over the same
+                # values, NaN / Inf through the same masked twin and settled alike
+                # (test_a_correctly_rounded_block_is_its_own_floor)
+                own_floor = floor and floor_kind != 0 and ob[MAX_ULP] <= 0.5 \
                     and _is_rounded_golden(x, y, floor_kind)
                 if own_floor:
                     out_f[b, :] = ob
