@@ -295,12 +295,14 @@ def test_heat_map_comes_from_the_metrics_pass(shape):
 
 
 def test_heat_map_values_keep_three_significant_digits():
-    """The vectorised rounding of the heat map's cells gives float(f"{v:.3g}") for every
-    value: ties, powers of ten, beyond the exact powers, subnormals, zero, inf, NaN."""
-    from verify.comparator.histbins import three_digits
+    """The compiled rounding of the heat map's cells gives float(f"{v:.3g}") for every
+    value: ties, powers of ten, beyond the exact powers, subnormals, zero, inf, NaN,
+    negatives."""
+    from verify.comparator.metrics import three_digits
     rng = np.random.default_rng(0)
     v = np.abs(rng.standard_normal((300, 64))) * 10.0 ** rng.uniform(-40, 40, (300, 64))
     v[0, :14] = [0, 1e300, 1e-300, 5e-324, 123.5, np.inf, np.nan, 1.235, 0.1235, 1e-7, 1e7,
                  999.5, 99.95, 1e22]
+    v[1, :6] = [-1.5, -np.inf, 1e23, 1e-23, 2.5e-22, 1.2345e22]
     want = [[float(f"{x:.3g}") for x in row] for row in v.tolist()]
     assert np.array_equal(np.array(three_digits(v)), np.array(want), equal_nan=True)

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from verify.comparator.histbins import BIN_HI, BIN_LO, BINS_PER_DECADE, EDGES  # noqa: F401  (re-exported)
-from verify.comparator.histbins import HEAT_GRID as GRID, three_digits
+from verify.comparator.histbins import HEAT_GRID as GRID
 from verify.comparator import metrics
+from verify.comparator.metrics import three_digits
 
 CHUNK = 1 << 22
 
