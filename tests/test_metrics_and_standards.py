@@ -318,8 +318,9 @@ def test_the_special_spots_are_numpy_s(share, width):
 def test_error_balance_counts_nan_and_inf_as_numpy_compares_them(dtype):
     """msprobe's EB compares the output with the golden cast to its NumPy dtype as NumPy
     does: an Inf is larger or smaller by its sign, a NaN neither, and a finite golden that
-    overflows the cast is an Inf. Planted in several blocks of the pass; the floor's EB
-    (the correctly rounded golden) likewise."""
+    overflows the cast is an Inf. Planted in several blocks of the pass (one whose finite
+    pairs are inside the cast's range, where the pass takes its own counts and the NaN /
+    Inf pairs' apart); the floor's EB (the correctly rounded golden) likewise."""
     gen = torch.Generator().manual_seed(7)
     n = 2 * metrics.BLOCK + 999
     g = torch.randn(n, generator=gen, dtype=torch.float64)
@@ -328,6 +329,10 @@ def test_error_balance_counts_nan_and_inf_as_numpy_compares_them(dtype):
     a = (g * (1 + 1e-2 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
     a[1], a[66000], a[130000], a[3] = float("inf"), float("-inf"), float("nan"), 2.0
     a[5], a[9] = float("-inf"), float("inf")
+    # in a block whose finite pairs are in range: goldens beyond it at NaN / Inf pairs
+    g[131000], g[131001] = 1e39 if dtype != torch.float16 else 1e5, -3e39
+    a[131000], a[131001] = float("inf"), float("nan")
+    g[131002], a[131002] = float("inf"), 1.0
     device = np.float16 if dtype == torch.float16 else np.float32
     with np.errstate(over="ignore"):
         cast = g.numpy().astype(device).astype(np.float64)
