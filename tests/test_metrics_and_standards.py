@@ -107,6 +107,14 @@ LEAN_AND_MASKED = ((metrics._block_tols, metrics._masked_tols, masked_block.mask
                     (True, False, True)),
                    (metrics._half_block_rels, metrics._masked_half_rels,
                     masked_block.masked_half_rels, (True, False, True)))
+HALF_VARIANTS = (metrics._half_block_rels,)
+HALVES = (torch.bfloat16, torch.float16)  # measured as float32, as the pass upcasts them
+
+
+def _variants_for(dtype):
+    """LEAN_AND_MASKED less the half variants unless the actual is fp16's (their error
+    balance counts hold for an actual on half's grid alone)."""
+    return [v for v in LEAN_AND_MASKED if v[0] not in HALF_VARIANTS or dtype == torch.float16]
 
 
 def _block_slots(variant, a_np, g_np, c, keep=None):
@@ -127,24 +135,28 @@ def _block_slots(variant, a_np, g_np, c, keep=None):
     return np.concatenate([out, rels, tols, cells.astype(np.float64)]).view(np.int64)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64,
+                                   torch.float16])
 def test_the_lean_block_pass_is_the_masked_one_to_the_bit(dtype):
     """The pass's lean block variant and its masked twin give every slot and every kept
     error of the masked one-loop pass bit for bit: on finite data (zeros, subnormals,
     huge values), and (the twin, with the spots settled) on a block with every kind of
     NaN / Inf pair (the same NaN,
-    the same signed Inf, Inf against -Inf, NaN against a number, a number against Inf)."""
+    the same signed Inf, Inf against -Inf, NaN against a number, a number against Inf).
+    The half variants (fp16's error balance, counted for an actual on half's grid) over
+    an fp16 output off by about an ULP, whose errors straddle half of one."""
     n = metrics.BLOCK - 3  # a vector tail too
     gen = torch.Generator().manual_seed(11)
     g = torch.randn(n, generator=gen, dtype=torch.float64)
     g[:50] = 0.0
-    g[50:100] = 1e-310
-    g[100:150] *= 1e30
+    g[50:100] = 1e-310 if dtype != torch.float16 else 1e-6  # half's subnormals
+    g[100:150] *= 1e30 if dtype != torch.float16 else 1e3
     a = (g * (1 + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
-    a_np = a.to(torch.float32).numpy() if dtype == torch.bfloat16 else a.numpy()
+    a_np = a.to(torch.float32).numpy() if dtype in HALVES else a.numpy()
     g_np = g.numpy()
     c = metrics._constants(dtype, 1e-5, 1e-5)
-    for lean, twin, reference, _ in LEAN_AND_MASKED:
+    variants = _variants_for(dtype)
+    for lean, twin, reference, _ in variants:
         want = _block_slots(reference, a_np, g_np, c)
         assert (_block_slots(lean, a_np, g_np, c) == want).all()
         assert (_block_slots(twin, a_np, g_np, c) == want).all()
@@ -155,7 +167,7 @@ def test_the_lean_block_pass_is_the_masked_one_to_the_bit(dtype):
     for k, (x, y) in enumerate(pairs * 40):
         j = (k * 997) % n
         a_np[j], g_np[j] = x, y
-    for _, twin, reference, keep in LEAN_AND_MASKED:
+    for _, twin, reference, keep in variants:
         got = _block_slots(twin, a_np, g_np, c, keep)
         assert (got == _block_slots(reference, a_np, g_np, c)).all()
         m = got[:metrics.N_SLOTS].view(np.float64)
@@ -253,7 +265,7 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
         d = np.abs(a - g)
         loud = (d > np.maximum(np.abs(g) * q, np.where(near, qa, 0.0))).any() or q < 0
         seen[step] = "loud" if loud else "quiet"
-        for lean, twin, reference, _ in LEAN_AND_MASKED:
+        for lean, twin, reference, _ in _variants_for(dtype):
             want = _block_slots(reference, a_np, g, c)
             assert (_block_slots(lean, a_np, g, c) == want).all(), (step, lean)
             assert (_block_slots(twin, a_np, g, c) == want).all(), (step, twin)
@@ -346,17 +358,21 @@ def test_error_balance_counts_nan_and_inf_as_numpy_compares_them(dtype):
         assert f.eb == abs(int((r > cast).sum()) - int((r < cast).sum())) / n
 
 
-def test_fp16_error_balance_in_the_pass_is_numpy_s_at_every_rounding_tie():
+@pytest.mark.parametrize("ties", [True, False])
+def test_fp16_error_balance_in_the_pass_is_numpy_s_at_every_rounding_tie(ties):
     """For fp16 outputs the pass counts msprobe's EB against the golden cast to half on
-    its own (to float32 to odd, then to half): goldens at every half value, every midpoint
-    between two (the ties) and one float64 ulp either side of it, subnormal halves, and
-    goldens past half's largest value in a block of their own (counted exactly), give
-    NumPy's float16 cast's counts."""
+    its own (an output on half's grid is above half(g) where it is above g by more than
+    half an ULP): goldens at every half value, every midpoint between two (the ties,
+    ``ties``: their blocks are counted exactly) and one float64 ulp either side of it,
+    subnormal halves, and goldens past half's largest value in a block of their own
+    (counted exactly), give NumPy's float16 cast's counts; so does a float32 output
+    measured as fp16 (not on half's grid: counted exactly)."""
     halves = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
     v = halves.view(torch.float16).to(torch.float64).numpy()
     v = np.unique(v[np.isfinite(v)])
     mids = (v[:-1] + v[1:]) / 2
-    g = np.concatenate([v, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf)])
+    g = np.concatenate([v, mids if ties else v, np.nextafter(mids, np.inf),
+                        np.nextafter(mids, -np.inf)])
     gen = torch.Generator().manual_seed(2)
     g = g[torch.randperm(len(g), generator=gen).numpy()]
     n = (len(g) // metrics.BLOCK) * metrics.BLOCK
@@ -367,12 +383,13 @@ def test_fp16_error_balance_in_the_pass_is_numpy_s_at_every_rounding_tie():
              ).to(torch.float16)
         with np.errstate(over="ignore"):
             cast = g.astype(np.float16).astype(np.float64)
-        a64 = a.to(torch.float64).numpy()
-        want = abs(int((a64 > cast).sum()) - int((a64 < cast).sum())) / len(g)
-        assert want > 0 or noise == 0.0
-        for floor in (False, True):  # without its floor and with it (the floor is the cast)
-            m = metrics.measure_pair(a, gt, floor=floor)[0]
-            assert m.eb == want, (noise, floor)
+        for out in (a, gt.to(torch.float32)):
+            a64 = out.to(torch.float64).numpy()
+            want = abs(int((a64 > cast).sum()) - int((a64 < cast).sum())) / len(g)
+            assert want > 0 or (noise == 0.0 and out is a)
+            for floor in (False, True):  # without its floor and with it (the cast)
+                m = metrics.measure_pair(out, gt, dtype=torch.float16, floor=floor)[0]
+                assert m.eb == want, (noise, floor, out.dtype)
 
 
 def test_ulp_of_one_fp16_step():
