@@ -276,6 +276,54 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
                 ["quiet", "loud", "loud"], seen
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_block_quiet_by_the_slope_knows_its_small_values_and_hundredth(dtype):
+    """A bf16 / fp16 block quiet by the slope alone (every d <= fl(q |g|)) counts only
+    the thousandth and the ten-thousandth (RATIOS_TRIMMED): the small values' and the
+    hundredth's counts it takes as known must be what the masked pass counts, element by
+    element. The golden correctly rounded (quiet by the slope), with small values, zeros
+    and values at the small bound; the ten-thousandth (and bf16's thousandth) not all."""
+    d_atol, d_rtol = metrics.default_tolerances(dtype)
+    c = metrics._constants(dtype, d_atol, d_rtol)
+    assert c[metrics.C_RATIOS_TRIM] == 1.0
+    small, q = c[metrics.C_SMALL], c[metrics.C_QUIET]
+    gen = torch.Generator().manual_seed(9)
+    n = 4096 + 5
+    g = torch.randn(n, generator=gen, dtype=torch.float64)
+    spread = 0.1 + 0.9 * torch.rand(len(g[::7]), generator=gen, dtype=torch.float64)
+    g[::7] = torch.sign(g[::7]) * small * spread  # small values, normal in either format
+    g[3::11] = 0.0
+    g[5::13] = small
+    g_np = g.numpy()
+    a_np = metrics.round_once(g, dtype).to(torch.float32).numpy()
+    d = np.abs(a_np.astype(np.float64) - g_np)
+    assert (d <= np.abs(g_np) * q).all()  # quiet by the slope
+    small_ok = (np.abs(g_np) <= small) & (d <= c[metrics.C_THOU_ATOL])
+    big = np.abs(g_np) > small
+    rel = d / (np.abs(g_np) + c[metrics.C_EPS_MS])
+    ratios = [int((small_ok | (big & (rel < t))).sum()) for t in (1e-2, 1e-3, 1e-4)]
+    assert ratios[0] == n >= ratios[1] > ratios[2] and (np.abs(g_np) <= small).sum() > 500
+    assert ratios[1] < n or dtype == torch.float16  # half's errors within the thousandth
+    for lean, twin, reference, _ in _variants_for(dtype):
+        want = _block_slots(reference, a_np, g_np, c)
+        assert (_block_slots(lean, a_np, g_np, c) == want).all(), lean
+        assert (_block_slots(twin, a_np, g_np, c) == want).all(), twin
+        slots = want[:metrics.N_SLOTS].view(np.float64)
+        assert [slots[k] for k in (metrics.N_OK_1E2, metrics.N_OK_1E3,
+                                   metrics.N_OK_1E4)] == ratios
+    if dtype == torch.bfloat16:  # small values off by 7.6e-6: quiet by the offset (1e-5)
+        # alone, and beyond their atol in the ratios (2^-18): counted, not known
+        near = (np.abs(g_np) <= small) & (np.abs(g_np) >= small / 4)
+        off = a_np + np.where(near, np.sign(g_np) * 2.0 ** -17, 0.0).astype(np.float32)
+        d = np.abs(off.astype(np.float64) - g_np)
+        assert (d[near] > c[metrics.C_THOU_ATOL]).all()
+        assert (d[near] <= c[metrics.C_QUIET_ABS]).all()
+        assert (d[near] > np.abs(g_np[near]) * q).any()  # loud by the slope
+        for lean, twin, reference, _ in _variants_for(dtype):
+            want = _block_slots(reference, off, g_np, c)
+            assert (_block_slots(lean, off, g_np, c) == want).all(), lean
+
+
 @pytest.mark.parametrize("where", ["actual", "golden"])
 def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
     """The pass's lean variant only notes a NaN / Inf and then takes the block through its
