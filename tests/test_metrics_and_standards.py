@@ -279,13 +279,15 @@ def test_a_quiet_block_s_known_counts_are_the_counted_ones(dtype, tols):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_16_bit_block_quiet_by_the_slope_knows_its_small_values_and_hundredth(dtype):
     """A bf16 / fp16 block quiet by the slope alone (every d <= fl(q |g|)) counts only
-    the thousandth and the ten-thousandth (RATIOS_TRIMMED): the small values' and the
-    hundredth's counts it takes as known must be what the masked pass counts, element by
-    element. The golden correctly rounded (quiet by the slope), with small values, zeros
+    the thousandth and the ten-thousandth (RATIOS_TRIMMED; fp16: the ten-thousandth, and
+    by the offset too): the small values', the hundredth's (and fp16's thousandth's)
+    counts it takes as known must be what the masked pass counts, element by element. The
+    golden correctly rounded (quiet by the slope), with small values, zeros
     and values at the small bound; the ten-thousandth (and bf16's thousandth) not all."""
     d_atol, d_rtol = metrics.default_tolerances(dtype)
     c = metrics._constants(dtype, d_atol, d_rtol)
-    assert c[metrics.C_RATIOS_TRIM] == 1.0
+    assert c[metrics.C_RATIOS_TRIM] == (metrics.RATIOS_TRIMMED if dtype == torch.bfloat16
+                                        else metrics.RATIOS_TEN_THOUSANDTH)
     small, q = c[metrics.C_SMALL], c[metrics.C_QUIET]
     gen = torch.Generator().manual_seed(9)
     n = 4096 + 5
@@ -311,17 +313,19 @@ def test_a_16_bit_block_quiet_by_the_slope_knows_its_small_values_and_hundredth(
         slots = want[:metrics.N_SLOTS].view(np.float64)
         assert [slots[k] for k in (metrics.N_OK_1E2, metrics.N_OK_1E3,
                                    metrics.N_OK_1E4)] == ratios
-    if dtype == torch.bfloat16:  # small values off by 7.6e-6: quiet by the offset (1e-5)
-        # alone, and beyond their atol in the ratios (2^-18): counted, not known
-        near = (np.abs(g_np) <= small) & (np.abs(g_np) >= small / 4)
-        off = a_np + np.where(near, np.sign(g_np) * 2.0 ** -17, 0.0).astype(np.float32)
-        d = np.abs(off.astype(np.float64) - g_np)
-        assert (d[near] > c[metrics.C_THOU_ATOL]).all()
-        assert (d[near] <= c[metrics.C_QUIET_ABS]).all()
-        assert (d[near] > np.abs(g_np[near]) * q).any()  # loud by the slope
-        for lean, twin, reference, _ in _variants_for(dtype):
-            want = _block_slots(reference, off, g_np, c)
-            assert (_block_slots(lean, off, g_np, c) == want).all(), lean
+    # small values off by 2^-17 (on either grid): loud by the slope, quiet by the offset
+    # (1e-5) alone; bf16's beyond their atol in the ratios (2^-18: counted), fp16's within
+    # it (2^-16: known)
+    near = (np.abs(g_np) <= small) & (np.abs(g_np) >= small / 4)
+    off = a_np + np.where(near, np.sign(g_np) * 2.0 ** -17, 0.0).astype(np.float32)
+    d = np.abs(off.astype(np.float64) - g_np)
+    beyond = d[near] > c[metrics.C_THOU_ATOL]
+    assert beyond.all() if dtype == torch.bfloat16 else not beyond.any()
+    assert (d[near] <= c[metrics.C_QUIET_ABS]).all()
+    assert (d[near] > np.abs(g_np[near]) * q).any()  # loud by the slope
+    for lean, twin, reference, _ in _variants_for(dtype):
+        want = _block_slots(reference, off, g_np, c)
+        assert (_block_slots(lean, off, g_np, c) == want).all(), lean
 
 
 @pytest.mark.parametrize("where", ["actual", "golden"])

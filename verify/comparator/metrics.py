@@ -363,10 +363,16 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         else:
             out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
             out[N_V2] = out[N_CASE] = n
-            if c[C_RATIOS] > 0.0 and by_slope and c[C_RATIOS_TRIM] > 0.0:
-                # the small values and the hundredth known (C_RATIOS_TRIM)
-                _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, False,
-                              RATIOS_TRIMMED, False, floor_of, masked)
+            trim = c[C_RATIOS_TRIM] if by_slope or c[C_QUIET_ABS] <= c[C_THOU_ATOL] \
+                else 0.0
+            if trim > 0.0:  # the small values and the hundredth known (_ratios_trimmed)
+                if trim == RATIOS_TRIMMED:
+                    _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, False,
+                                  RATIOS_TRIMMED, False, floor_of, masked)
+                else:  # and the thousandth
+                    _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, False,
+                                  RATIOS_TEN_THOUSANDTH, False, floor_of, masked)
+                    out[N_OK_1E3] = n - n_small
                 out[N_OK_1E2] = n
                 out[N_OK_1E3] += n_small
                 out[N_OK_1E4] += n_small
@@ -423,7 +429,9 @@ def _pair_at(a, abits, aexp, g, gbits, i, kind, masked):
     return av, gv, gb
 
 
-RATIOS_ALL, RATIOS_TRIMMED = 1, 2  # what _block_counts counts of the ratio family
+# what _block_counts counts of the ratio family: all, the thousandth and ten-thousandth
+# over the small bound, the ten-thousandth there
+RATIOS_ALL, RATIOS_TRIMMED, RATIOS_TEN_THOUSANDTH = 1, 2, 3
 _RUN_LOUD = 256  # the elements _loud_after_all tests at once (vectorised)
 
 
@@ -496,7 +504,8 @@ def _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, tolerances, ratios, 
             if ratios == RATIOS_ALL:
                 ok_small += 1.0 if (ag <= small) & (d <= thou_atol) else 0.0
                 ok2 += 1.0 if big & (d < 1e-2 * denom) else 0.0
-            ok3 += 1.0 if big & (d < 1e-3 * denom) else 0.0
+            if ratios != RATIOS_TEN_THOUSANDTH:
+                ok3 += 1.0 if big & (d < 1e-3 * denom) else 0.0
             ok4 += 1.0 if big & (d < 1e-4 * denom) else 0.0
         if over:
             n_over += 1.0 if _ulp_error(d, gb, mant_bits, floor_bits) > 32.0 else 0.0
@@ -1299,7 +1308,7 @@ def _constants(dtype: torch.dtype, atol: float, rtol: float, scale: float = 1.0)
     c[C_RATIOS] = float(2.0 ** -(t.mantissa_bits + 1) >= min(_RATIO_THRESHOLDS))
     c[C_QUIET] = _quiet_slope(c)
     c[C_QUIET_ABS] = _quiet_offset(c)
-    c[C_RATIOS_TRIM] = float(_ratios_trimmed(c))
+    c[C_RATIOS_TRIM] = _ratios_trimmed(c)
     return c
 
 
@@ -1342,17 +1351,21 @@ def _slope_of(small: float, rtol: float, v2_rtol: float, abs_rtol: float, thou_a
     return q
 
 
-def _ratios_trimmed(c: np.ndarray) -> bool:
-    """Whether a block quiet by the slope alone (every d <= fl(q |g|)), whose ratio
-    counts run (C_RATIOS), knows two of them: every small value within its atol
-    (fl(q small) <= that atol, and fl(q |g|) grows with |g|) and every other value
-    within the hundredth (q <= 1e-2 (1 - 2^-20) with q small a normal number, as
-    _slope_of argues for a strict test), so that its ratio loop tests the thousandth
-    and the ten-thousandth alone (RATIOS_TRIMMED). bf16 and fp16 at their standards'
-    constants."""
+def _ratios_trimmed(c: np.ndarray) -> float:
+    """What a quiet block whose ratio counts run (C_RATIOS) counts of them: a block quiet
+    by the slope alone (every d <= fl(q |g|); or by the offset too, where C_QUIET_ABS is
+    within the small values' atol) knows every small value within that atol (fl(q small)
+    <= it, and fl(q |g|) grows with |g|) and every other value within the hundredth (q <=
+    1e-2 (1 - 2^-20) with q small a normal number, as _slope_of argues for a strict test),
+    and within the thousandth where q <= 1e-3 (1 - 2^-20): RATIOS_TRIMMED (bf16) or
+    RATIOS_TEN_THOUSANDTH (fp16) of _block_counts; 0.0: all counted."""
     q, small = c[C_QUIET], c[C_SMALL]
-    return bool(c[C_RATIOS] > 0 and q > 0 and q * small <= c[C_THOU_ATOL]
-                and q <= _RATIO_THRESHOLDS[0] * _MARGIN and q * small >= 2.0 ** -1000)
+    if not (c[C_RATIOS] > 0 and q > 0 and q * small <= c[C_THOU_ATOL]
+            and q <= _RATIO_THRESHOLDS[0] * _MARGIN and q * small >= 2.0 ** -1000):
+        return 0.0
+    if q <= _RATIO_THRESHOLDS[1] * _MARGIN:
+        return float(RATIOS_TEN_THOUSANDTH)
+    return float(RATIOS_TRIMMED)
 
 
 def _quiet_offset(c: np.ndarray) -> float:
