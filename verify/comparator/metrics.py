@@ -249,10 +249,11 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     beyond msprobe's absolute threshold, no error at a zero golden; for fp32 / fp64 outputs
     all within the hundredth / thousandth / ten-thousandth too), and a block loud only by
     small values within an absolute offset is quiet too (_loud_after_all). A loud block
-    counts them in a loop of its own over the block while it is in cache (_block_counts), as
-    do bf16 / fp16 outputs the ratio family (C_RATIOS); ULP errors over 32 are counted only where
-    the block's largest is (in the loud block's loop, or alone). 65 instructions per 8
-    elements at fp32, where one loop with masks for NaN / Inf and every count took 123 (that
+    counts them in a loop of its own over the block while it is in cache (_block_counts),
+    as do bf16 / fp16 outputs the ratio family (C_RATIOS, less what a quiet block knows:
+    _ratios_trimmed); ULP errors over 32 are counted only where the block's largest is
+    (in the loud block's loop, or alone). 65 instructions per 8 elements at fp32, where
+    one loop with masks for NaN / Inf and every count took 123 (that
     loop's figures, kept as tests/masked_block.py, are these to the bit). Returns True when
     the block holds NaN / Inf.
 
@@ -363,20 +364,18 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         else:
             out[N_REL_BAD] = out[N_ZERO_G_BAD] = 0.0
             out[N_V2] = out[N_CASE] = n
-            trim = c[C_RATIOS_TRIM] if by_slope or c[C_QUIET_ABS] <= c[C_THOU_ATOL] \
-                else 0.0
-            ratios = 0 if c[C_RATIOS] == 0.0 else np.int64(trim) if trim > 0.0 \
-                else RATIOS_ALL
+            ratios = 0 if c[C_RATIOS] == 0.0 else RATIOS_ALL
+            if c[C_RATIOS_TRIM] > 0.0 and (by_slope or c[C_QUIET_ABS] <= c[C_THOU_ATOL]):
+                ratios = np.int64(c[C_RATIOS_TRIM])  # some counts known (_ratios_trimmed)
             if ratios or m_ulp > 32.0:  # one loop for both
                 n_u32 = _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, False,
                                       ratios, m_ulp > 32.0, floor_of, masked)
             if ratios == 0:
                 out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
-            elif trim > 0.0:  # the small values and the hundredth known
-                if trim == RATIOS_TEN_THOUSANDTH:  # and the thousandth
-                    out[N_OK_1E3] = n - n_small
+            elif ratios != RATIOS_ALL:  # the counts over the small bound: add the small
                 out[N_OK_1E2] = n
-                out[N_OK_1E3] += n_small
+                out[N_OK_1E3] = n if ratios == RATIOS_TEN_THOUSANDTH \
+                    else out[N_OK_1E3] + n_small
                 out[N_OK_1E4] += n_small
         out[N_SMALL_BAD] = n_small_bad
         out[N] = n
@@ -399,7 +398,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         out[MAX_TOL] = m_tol
         out[N_SHRINK] = shrink
         out[N_GROW] = grow
-        out[EB_GT] = eb_gt if max(eb_gt, eb_lt) < _EB_TIE else -1.0  # -1: a tie
+        out[EB_GT] = -1.0 if eb_half and max(eb_gt, eb_lt) >= _EB_TIE else eb_gt  # a tie
         out[EB_LT] = eb_lt
         out[MAX_G] = m_g
         out[ARG_ABS] = -1.0
@@ -516,8 +515,9 @@ def _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, tolerances, ratios, 
         out[N_OK_1E2] = ok_small + ok2
         out[N_OK_1E3] = ok_small + ok3
         out[N_OK_1E4] = ok_small + ok4
-    elif ratios:
-        out[N_OK_1E3] = ok3
+    elif ratios:  # over the small bound alone
+        if ratios == RATIOS_TRIMMED:
+            out[N_OK_1E3] = ok3
         out[N_OK_1E4] = ok4
     return n_over
 
