@@ -9,7 +9,9 @@ their own error floor: the pass measures them once), and then one with computed 
 Then the same ratios for bf16 and fp16 outputs, an output with errors beyond the
 tolerances' slopes (loud), rows 64 wide (the heat map's windows 2 columns), a [4M, 1] and
 a [1, 4M] shape and NaN / Inf present, and what a known floor (kept with the golden,
-verify/golden/floors.py) costs over a compare without floors.
+verify/golden/floors.py) costs over a compare without floors. Last, what reading each block
+one word a line before the block loop does (the pass's touch: metrics.TOUCH_STATE) buys on
+this machine: each way fixed, and the pass timing both and picking.
 """
 from __future__ import annotations
 
@@ -118,6 +120,7 @@ def main() -> None:
           f"{ref_best / rows[7][1]:.1f}x); metrics alone <= 2.5x the floor "
           f"({rows[0][1] / floor_best:.1f}x)")
     variants()
+    touch_ways()
 
 
 def with_computed_error(golden: torch.Tensor, dtype, gen, size: float = 1e-7) -> torch.Tensor:
@@ -171,6 +174,39 @@ def variants() -> None:
               f"({kn * 1e3:5.1f} ms)  none {no / fl:4.1f}x  "
               f"known / none {kn / no:4.2f}  assert_close / compare {ref / co:5.1f}x "
               f"(floors known {ref / kn:5.1f}x)")
+
+
+
+def _with_touch(way, fn):
+    """fn with the pass's touch fixed (0 off, 1 on), or timed by the pass (None)."""
+    def run():
+        metrics.TOUCH_STATE[:] = (-1, 0) if way is None else (way, 1)
+        fn()
+    return run
+
+
+def touch_ways() -> None:
+    """Metrics alone and compare (floors computed) with the touch off, on, and picked by
+    the pass (timing both ways on each call's first blocks), x the memory floor."""
+    print("the touch (each block read one word a line first): off / on / picked by the "
+          "pass, x the memory floor")
+    saved = metrics.TOUCH_STATE.copy()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        gen = torch.Generator().manual_seed(2)
+        golden = torch.randn(SHAPE, generator=gen, dtype=torch.float64)
+        actual = golden.to(dtype)
+        fns = [lambda: (actual.sum(), golden.sum())]
+        for job in (lambda: metrics.measure(actual, golden),
+                    lambda: compare(actual, golden, standard="cann_v1")):
+            fns += [_with_touch(way, job) for way in (0, 1, None)]
+        best = [b for b, _ in round_robin(fns, 5)]
+        fl = best[0]
+        picked = "on" if metrics.TOUCH_STATE[0] == 1 else "off"
+        print(f"  {str(dtype).replace('torch.', ''):9s} floor {fl * 1e3:5.1f} ms  metrics "
+              f"{best[1] / fl:4.1f}x / {best[2] / fl:4.1f}x / {best[3] / fl:4.1f}x  compare "
+              f"{best[4] / fl:4.1f}x / {best[5] / fl:4.1f}x / {best[6] / fl:4.1f}x  "
+              f"(off / on {best[4] / best[5]:4.2f}; the pass's last pick: {picked})")
+    metrics.TOUCH_STATE[:] = saved
 
 
 if __name__ == "__main__":

@@ -274,3 +274,50 @@ def test_correctly_rounded_bf16_small_values_pass_the_thousandth_family():
     for name in ("hundredth", "thousandth", "ten_thousandth"):
         v = verify.compare(a, g, standard=name)
         assert v.verdict == "PASS" and not v.warning, (name, v.reason, v.warning)
+
+
+def _same_to_the_bit(x, y) -> bool:
+    """Two results of measure_all equal field by field, floats by their IEEE bits."""
+    if isinstance(x, float) and isinstance(y, float):
+        return x == y and math.copysign(1, x) == math.copysign(1, y) \
+            or (math.isnan(x) and math.isnan(y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same_to_the_bit(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return len(x) == len(y) and all(_same_to_the_bit(u, v) for u, v in zip(x, y))
+    if hasattr(x, "_asdict"):
+        return _same_to_the_bit(x._asdict(), y._asdict())
+    return x == y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_reading_a_block_touched_first_or_not_gives_the_same_figures(dtype, monkeypatch):
+    """The pass may read each block's output and golden one word a line before its block
+    loop does (on a machine whose prefetchers lag that loop), and a large pass times both
+    ways on its first blocks and keeps the faster: every figure, both histograms and the
+    heat map are the same to the bit either way, and when the pass picks (NaN / Inf in
+    some blocks, a finite golden the rounding overflows, a tail block); the pass that
+    timed leaves its pick, and one with a way fixed does not change it."""
+    import numba
+    from verify.comparator import metrics
+    monkeypatch.setattr(metrics, "TOUCH_STATE", np.array([-1, 0], dtype=np.int64))
+    block = metrics.BLOCK
+    n = (metrics.TOUCH_MIN_BLOCKS + 2) * numba.get_num_threads() * block + 4096
+    gen = torch.Generator().manual_seed(28)
+    g = torch.randn(n, generator=gen, dtype=torch.float64)
+    g[5 * block + 11::99991] = float("nan")
+    g[9 * block + 2::199999] = float("inf")
+    g[12 * block + 9] = 1e6 if dtype == torch.float16 else 1e39
+    noise = {torch.float32: 1e-7, torch.bfloat16: 1e-3, torch.float16: 1e-4}[dtype]
+    a = (g * (1 + noise * torch.randn(n, generator=gen, dtype=torch.float64))).to(dtype)
+    a[17 * block + 3] = float("nan")
+    for heat in ("rel", "tol"):
+        got = {}
+        for way in ((0, 1), (1, 1), (-1, 0)):
+            metrics.TOUCH_STATE[:] = way
+            got[way] = metrics.measure_all(a.reshape(-1, 4096), g.reshape(-1, 4096),
+                                           heat=heat)
+            assert metrics.TOUCH_STATE[0] in ((way[0],) if way[1] else (0, 1))
+        assert _same_to_the_bit(got[(0, 1)], got[(1, 1)]), heat
+        assert _same_to_the_bit(got[(0, 1)], got[(-1, 0)]), heat
+        assert got[(0, 1)].metrics.nan_inf_mismatch > 0 and got[(0, 1)].heatmap
