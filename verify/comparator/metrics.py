@@ -34,6 +34,7 @@ import functools
 import itertools
 import math
 import os
+import platform
 import threading
 from fractions import Fraction
 from typing import NamedTuple
@@ -160,15 +161,23 @@ def _f32_of_bits(typingctx, bits):
     return sig, codegen
 
 
+_MACHINE = platform.machine().lower()
+
+
 @intrinsic
 def _cycles(typingctx):
-    """The CPU's cycle counter (llvm.readcyclecounter: rdtsc on x86), to time a block."""
+    """A counter that ticks at a steady rate, to time a block: rdtsc on x86 (LLVM's
+    readcyclecounter); else 0, and the pass then finds no gain in the touch and keeps
+    its former way (AArch64's readcyclecounter reads PMCCNTR_EL0, which may trap in user
+    space; its virtual counter, by inline assembly, is not tried where it cannot be run)."""
     sig = types.int64()
 
     def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(64), [])
-        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", (), fnty)
-        return builder.call(fn, [])
+        if _MACHINE in ("x86_64", "amd64", "i386", "i686"):
+            fnty = ir.FunctionType(ir.IntType(64), [])
+            fn = builder.module.declare_intrinsic("llvm.readcyclecounter", (), fnty)
+            return builder.call(fn, [])
+        return ir.Constant(ir.IntType(64), 0)
 
     return sig, codegen
 
