@@ -1528,7 +1528,7 @@ def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
 def _touch_of() -> np.ndarray:
     """The touch state a pass gets: TOUCH_STATE itself (which it may update) while no way
     is learned, when one is fixed and on every TOUCH_RETIME-th pass; else the learned way,
-    fixed for that pass, which then times nothing (timing cost a pass 3-8%)."""
+    fixed for that pass, which then times nothing (timing cost a pass 2-7%)."""
     if TOUCH_STATE[1] == 1 or TOUCH_STATE[0] < 0 or next(_TOUCH_PASSES) % TOUCH_RETIME == 0:
         return TOUCH_STATE
     return np.array([TOUCH_STATE[0], 1], dtype=np.int64)
