@@ -176,7 +176,6 @@ def variants() -> None:
               f"(floors known {ref / kn:5.1f}x)")
 
 
-
 def _with_touch(way, fn):
     """fn with the pass's touch fixed (0 off, 1 on), or timed by the pass (None)."""
     def run():

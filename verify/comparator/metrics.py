@@ -1082,9 +1082,9 @@ def _make_pass(kernel: str, eb_half: bool):
             timing = not fixed and (n_blocks - t) // n_threads >= TOUCH_MIN_BLOCKS
             touch_first = touch[0] == 1
             spent = np.zeros(2, dtype=np.int64)  # cycles over each way's trial blocks
-            kb = 0
             sink = np.int64(0)  # the touched words, OR'd: kept below, so the loads stay
             for b in range(t, n_blocks, n_threads):
+                kb = (b - t) // n_threads  # the thread's kb-th block
                 # the first block untimed (the buffers' first use), then each way in turn
                 trial = timing and 1 <= kb <= 2 * TOUCH_TRIALS
                 if trial:
@@ -1092,8 +1092,7 @@ def _make_pass(kernel: str, eb_half: bool):
                 elif timing and kb == 2 * TOUCH_TRIALS + 1:
                     touch_first = spent[1] < spent[0] - spent[0] // 16  # a clear gain
                     touch[0] = 1 if touch_first else 0
-                kb += 1
-                start = _cycles()
+                start = _cycles() if trial else 0
                 lo = b * BLOCK
                 hi = min(lo + BLOCK, n)
                 rels = scratch[t, 0, :hi - lo]
