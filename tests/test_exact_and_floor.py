@@ -183,6 +183,49 @@ def test_a_correctly_rounded_block_is_its_own_floor(dtype, standard):
             assert (slots[0] == slots[1]).all() and (cells[0] == cells[1]).all(), keep
 
 
+
+def test_an_fp32_block_is_its_own_floor_by_its_counts_as_by_its_bits():
+    """A clean fp32 block is taken for the rounded golden from its error balance counts
+    and its zeros' signs (_own_floor); that is the bitwise test's answer
+    (_is_rounded_golden) on blocks that are the rounded golden, one ulp above or below it
+    once, a tie rounded to odd (an ULP error of 0.5, as the even neighbour's), a zero of
+    the other sign (+0 for -1e-60, -0 for a +0 golden and for +1e-60), a vector tail;
+    and on bf16 / fp16 blocks, which take the bitwise test itself."""
+    from verify.comparator import metrics
+    n = 1000
+    g = torch.randn(n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    g[[3, 40, 41]] = torch.tensor([-1e-60, 0.0, 1e-60], dtype=torch.float64)
+    answers = []
+    ties = {torch.float32: 2 ** -24, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        exact = round_once(g, dtype).to(torch.float32)
+        up, down, plus0, minus0, minus_tiny, odd = (exact.clone() for _ in range(6))
+        up[7] = torch.nextafter(up[7], torch.tensor(9.0))
+        down[n - 1] = torch.nextafter(down[n - 1], torch.tensor(-9.0))
+        plus0[3], minus0[40], minus_tiny[41] = 0.0, -0.0, -0.0
+        g_tie = g.clone()
+        g_tie[9] = 1.0 + ties[dtype]  # halfway between 1 and the next: to even is 1
+        odd[9] = 1.0 + 2 * ties[dtype]
+        c = metrics._constants(dtype, *metrics.default_tolerances(dtype))
+        eb_half = dtype == torch.float16
+        block = metrics._half_block_metrics if eb_half else metrics._block_metrics
+        for x_t, g_t in ((exact, g), (up, g), (down, g), (odd, g_tie), (plus0, g),
+                         (minus0, g), (minus_tiny, g), (exact[:n - 3], g)):
+            x, gn = x_t.numpy(), g_t.numpy()[:len(x_t)]
+            xbits, xexp, xman = metrics._bits_of(x)
+            ob = np.zeros(metrics.N_SLOTS)
+            assert not block(x, xbits, xexp, xman, gn, gn.view(np.int64), 0, len(x), c, ob,
+                             np.zeros(0), np.zeros(0), np.zeros(0, np.uint32))
+            kind = metrics._FLOOR_KINDS[dtype]
+            by_bits = ob[metrics.MAX_ULP] <= 0.5 and metrics._is_rounded_golden(x, gn, kind,
+                                                                               False)
+            assert metrics._own_floor(ob, x, xbits, gn, gn.view(np.int64), kind, True,
+                                      eb_half) == by_bits
+            answers.append(by_bits)
+    assert answers[:8] == [True, False, False, False, False, False, False, True]  # fp32
+    assert answers.count(True) == 6
+
+
 def test_exact_on_floats_is_exact():
     g = torch.tensor([1.0], dtype=torch.float64)
     for actual in (torch.tensor([1 + 2 ** -10], dtype=torch.float16),
