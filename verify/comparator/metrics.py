@@ -121,6 +121,36 @@ def _bits(typingctx, x):
 
 
 @intrinsic
+def _and_max(typingctx, top, bits, mask):
+    """max(top, bits & mask) in the width of bits (and top): an fp32 output's exponent
+    fields tracked in int32, 8 to a 256-bit register, not widened to int64 first (fp32
+    block loop 1.25 -> 1.20 ns an element, one thread, a block in cache)."""
+    if not isinstance(bits, types.Integer) or top != bits:
+        return None
+    sig = bits(bits, bits, types.int64)
+
+    def codegen(context, builder, signature, args):
+        t, b, m = args
+        if b.type.width < 64:
+            m = builder.trunc(m, b.type)
+        v = builder.and_(b, m)
+        return builder.select(builder.icmp_signed(">", v, t), v, t)
+
+    return sig, codegen
+
+
+@intrinsic
+def _zero_of(typingctx, array):
+    """0 in the integer type of an array's elements (a start for _and_max)."""
+    sig = array.dtype(array)
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(context.get_value_type(signature.return_type), 0)
+
+    return sig, codegen
+
+
+@intrinsic
 def _half_of_bits(typingctx, bits):
     """The float32 of IEEE bits ``bits`` (int32) rounded to IEEE half (the hardware's
     conversion: to nearest, ties to even, subnormals, overflow to inf), as float64."""
@@ -300,7 +330,10 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
         s_eb = m_ulp = s_ulp = n_u1 = n_small = n_small_bad = 0.0
         m_pr = m_tol = shrink = grow = eb_gt = eb_lt = m_g = loud = 0.0
-        top_a = top_g = np.int64(0)  # the largest exponent fields: all ones at NaN / Inf
+        # the largest exponent fields, all ones at NaN / Inf: the output's in its bits'
+        # width (int64 for the floor's, whose abits are the golden's)
+        top_a = _zero_of(abits)
+        top_g = np.int64(0)
         for j in range(lo, hi):
             i = np.uint64(j)  # unsigned: no negative-index wraparound, so loads stay contiguous
             gb = gbits[i]
@@ -309,7 +342,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
                 av = _rounded(gv, floor_of)
                 ab = _bits(av)
             else:
-                ab = np.int64(abits[i])
+                ab = abits[i]
                 av = np.float64(a[i])
             if masked:  # a NaN / Inf pair as a pair of zeros, tested on the bits alone
                 # (gb is left: the ULP error of d = 0 is 0 whatever its scale)
@@ -317,7 +350,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
                 av = 0.0 if spec else av
                 gv = 0.0 if spec else gv
             else:
-                top_a = max(top_a, ab & aexp)
+                top_a = _and_max(top_a, ab, aexp)
                 top_g = max(top_g, gb & _F64_EXP)
             diff = av - gv
             d = abs(diff)
