@@ -120,9 +120,11 @@ def masked_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bo
             kept = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
             if keep_rels:  # constants of the closure: a variant without stores has none
                 rels[np.uint64(j - lo)] = kept
-            if keep_cells:  # the table cell: exponent and top significand bits, 0 its own
-                cells[np.uint64(j - lo)] = np.uint32(_bits(kept) >> (52 - CELL_BITS)) \
-                    if kept > 0.0 else np.uint32(ZERO_CELL)
+            if keep_cells:  # the table cell: exponent and top significand bits of the
+                # error's bits less one (unsigned), 0 its own (ZERO_CELL, past the others)
+                cell_of = rel if f > 0.5 else special
+                cells[np.uint64(j - lo)] = np.uint32(
+                    (np.uint64(_bits(cell_of)) - np.uint64(1)) >> np.uint64(52 - CELL_BITS))
             if keep_tols:
                 tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
         out[N] = n
