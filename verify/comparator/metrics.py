@@ -243,8 +243,9 @@ def _rounded(gv, kind):
 
 FLAG = 0xFF  # a table cell that holds a bin edge: its elements are binned exactly
 ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
-CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells, 512 KiB, of
-# which a block touches the few lines its errors fall in (and one past them: ZERO_CELL)
+CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells for the
+# positive floats and as many past them, where only the zero's is used (a 1 MiB table, of
+# which a block touches the few lines its errors fall in)
 CELL_SHIFT = 52 - CELL_BITS
 ZERO_CELL = (1 << (12 + CELL_BITS)) - 1  # an error of 0's cell (_cell_of), past the others
 
