@@ -1221,8 +1221,7 @@ def _make_pass(kernel: str, eb_half: bool):
                     _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
                                  0)
                 # a block that is the golden rounded to the output's format, bit for bit
-                # (its finite pairs' ULP errors within half of one, then each element's
-                # bits checked; a NaN where the rounded golden has one): the floor's
+                # (_own_floor; a NaN where the rounded golden has one): the floor's
                 # figures are the kernel's own, the same block template over the same
                 # values, NaN / Inf through the same masked twin and settled alike
                 # (test_a_correctly_rounded_block_is_its_own_floor)
@@ -1428,9 +1427,10 @@ def _cell_table() -> np.ndarray:
     n = 1 << (11 + CELL_BITS)
     idx = np.arange(n, dtype=np.int64)
     step = np.int64(1) << CELL_SHIFT
-    first = idx * step + 1                       # the bits of the cell's smallest value
-    last = np.minimum(idx, n - 2) * step + step  # and of its largest (the next octave's
-    # first, for an octave's last cell)
+    first = idx * step + 1  # the bits of the cell's smallest value, and of its largest
+    # (an octave's last cell ends on the next octave's first value; the top cell, NaN's
+    # and set below, is kept from overflowing)
+    last = np.minimum(idx, n - 2) * step + step
     field = idx >> CELL_BITS
 
     def code(bits):
@@ -1443,8 +1443,8 @@ def _cell_table() -> np.ndarray:
     boundary = hi[:-1] != lo[1:]  # an edge where one cell ends and the next begins
     cells[np.r_[False, boundary] | np.r_[boundary, False]] = FLAG
     cells[field == 2047] = OVER_CODE  # NaN bit patterns: never stored
-    table = np.full(ZERO_CELL + 1, OVER_CODE, dtype=np.uint8)  # cells of negative bits:
-    table[:n] = cells  # never stored either
+    table = np.full(ZERO_CELL + 1, OVER_CODE, dtype=np.uint8)  # past the positive floats:
+    table[:n] = cells  # negative bits, never stored, and the zero's cell
     table[ZERO_CELL] = ZERO_CODE
     return table
 
