@@ -328,6 +328,51 @@ def test_a_16_bit_block_quiet_by_the_slope_knows_its_small_values_and_hundredth(
         assert (_block_slots(lean, off, g_np, c) == want).all(), lean
 
 
+def test_an_fp16_block_counts_the_ten_thousandth_strictly_in_its_own_loop():
+    """A quiet fp16 block counts the ten-thousandth in its block loop
+    (ten_thousandth_in_loop, not a loop of its own): d < 1e-4 (|g| + eps), strictly, as
+    the masked pass tests it. Every pair found where d is exactly 1e-4 (|g| + eps) in
+    float64 (an fp16 actual, the golden an ulp or so either side of the crossing) is put
+    into a correctly rounded block (quiet by the slope), and must not be counted; a loud
+    block (one element 2^-8 off) counts them in _block_counts, which must agree."""
+    dtype = torch.float16
+    c = metrics._constants(dtype, *metrics.default_tolerances(dtype))
+    eps, q = c[metrics.C_EPS_MS], c[metrics.C_QUIET]
+    assert c[metrics.C_RATIOS_TRIM] == metrics.RATIOS_TEN_THOUSANDTH
+    a16 = np.arange(0x1400, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    tie_a, tie_g = [], []
+    for side in (1.0, -1.0):  # golden above the actual's magnitude, or below
+        g0 = (a16 + side * 1e-4 * eps) / (1.0 - side * 1e-4)
+        for k in range(-4, 5):
+            g = g0 + k * np.spacing(g0)
+            at = np.abs(a16 - g) == 1e-4 * (np.abs(g) + eps)
+            tie_a += list(a16[at]) + list(-a16[at])
+            tie_g += list(g[at]) + list(-g[at])
+    assert len(tie_a) >= 6
+    gen = torch.Generator().manual_seed(12)
+    g = torch.randn(2048, generator=gen, dtype=torch.float64)
+    a_np = metrics.round_once(g, dtype).to(torch.float32).numpy()
+    g_np = g.numpy()
+    spots = np.arange(len(tie_a)) * 37 + 5
+    a_np[spots], g_np[spots] = np.array(tie_a, np.float32), tie_g
+    d = np.abs(a_np.astype(np.float64) - g_np)
+    big = np.abs(g_np) > c[metrics.C_SMALL]
+    within = big & (d < 1e-4 * (np.abs(g_np) + eps))
+    assert not within[spots].any() and big[spots].all()
+    for loud in (False, True):
+        if loud:
+            a_np[1] = np.float16(g_np[1] * (1 + 2.0 ** -8))  # on half's grid
+        d = np.abs(a_np.astype(np.float64) - g_np)
+        assert (d <= q * np.abs(g_np)).all() != loud
+        small_ok = (np.abs(g_np) <= c[metrics.C_SMALL]) & (d <= c[metrics.C_THOU_ATOL])
+        want = int((small_ok | big & (d < 1e-4 * (np.abs(g_np) + eps))).sum())
+        for lean, twin, reference, _ in _variants_for(dtype):
+            slots = _block_slots(lean, a_np, g_np, c)
+            assert (slots == _block_slots(reference, a_np, g_np, c)).all(), (lean, loud)
+            assert (_block_slots(twin, a_np, g_np, c) == slots).all(), (twin, loud)
+            assert slots[:metrics.N_SLOTS].view(np.float64)[metrics.N_OK_1E4] == want
+
+
 @pytest.mark.parametrize("where", ["actual", "golden"])
 def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
     """The pass's lean variant only notes a NaN / Inf and then takes the block through its

@@ -286,11 +286,16 @@ def _special(ab, aexp, gb):
     return ((np.int64(ab) & aexp) == aexp) | ((gb & _F64_EXP) == _F64_EXP)
 
 
+# what _block_counts counts of the ratio family: all, the thousandth and ten-thousandth
+# over the small bound, the ten-thousandth there
+RATIOS_ALL, RATIOS_TRIMMED, RATIOS_TEN_THOUSANDTH = 1, 2, 3
+
 _EB_TIE = float(1 << 20)  # a tie's weight in a half block's error balance counts (> BLOCK)
 
 
 def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool,
-                floor_of: int = 0, masked: bool = False):
+                floor_of: int = 0, masked: bool = False,
+                ten_thousandth_in_loop: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
     (``keep_tols``, a heat map of that), and each relative error's histogram table cell
@@ -315,11 +320,16 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     small values within an absolute offset is quiet too (_loud_after_all). A loud block
     counts them in a loop of its own over the block while it is in cache (_block_counts),
     as do bf16 / fp16 outputs the ratio family (C_RATIOS, less what a quiet block knows:
-    _ratios_trimmed); ULP errors over 32 are counted only where the block's largest is
-    (in the loud block's loop, or alone). 65 instructions per 8 elements at fp32, where
-    one loop with masks for NaN / Inf and every count took 123 (that
-    loop's figures, kept as tests/masked_block.py, are these to the bit). Returns True when
-    the block holds NaN / Inf.
+    _ratios_trimmed), unless the block loop counts what is left of it
+    (``ten_thousandth_in_loop``, the fp16 variants: a quiet block, RATIOS_TEN_THOUSANDTH,
+    then 1.65 -> 1.43 ns an element, a loud one, which counts all again, 2.10 -> 2.23;
+    bf16's two tests in the fp32 variants it shares would cost fp32 blocks, and variants
+    and passes of its own, compiled too, bought a quiet bf16 block only 1.47 -> 1.42);
+    ULP errors over 32 are counted only where the block's largest is (in the loud block's
+    loop, or alone). 65 instructions per 8 elements at fp32, where one loop with masks
+    for NaN / Inf and every count took 123 (that loop's figures, kept as
+    tests/masked_block.py, are these to the bit). Returns True when the block holds NaN /
+    Inf.
 
     ``floor_of`` (ROUND_F32): the error floor's block, whose actual is the golden rounded
     to the output's format as the loop goes (_rounded; a and abits are not read, aexp is
@@ -341,6 +351,8 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
         s_eb = m_ulp = s_ulp = n_u1 = n_small = n_small_bad = 0.0
         m_pr = m_tol = shrink = grow = eb_gt = eb_lt = m_g = loud = 0.0
+        eps_ms = c[C_EPS_MS]
+        r_ok4 = 0.0  # ten_thousandth_in_loop's count
         # the largest exponent fields, all ones at NaN / Inf: the output's in its bits'
         # width (int64 for the floor's, whose abits are the golden's)
         top_a = _zero_of(abits)
@@ -403,6 +415,8 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             n_u1 += 1.0 if ulp > 1.0 else 0.0
             sm = 1.0 if ag <= small else 0.0
             n_small += sm
+            if ten_thousandth_in_loop:  # _block_counts' test, over the small bound
+                r_ok4 += 1.0 if (ag > small) & (d < 1e-4 * (ag + eps_ms)) else 0.0
             n_small_bad += sm * (1.0 if d > small_atol else 0.0)
             allowed = atol + rtol * ag
             tol = d / _fmax(allowed, 1e-300)
@@ -433,9 +447,13 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             ratios = 0 if c[C_RATIOS] == 0.0 else RATIOS_ALL
             if c[C_RATIOS_TRIM] > 0.0 and (by_slope or c[C_QUIET_ABS] <= c[C_THOU_ATOL]):
                 ratios = np.int64(c[C_RATIOS_TRIM])  # some counts known (_ratios_trimmed)
-            if ratios or m_ulp > 32.0:  # one loop for both
+            counted = ratios
+            if ten_thousandth_in_loop and ratios == RATIOS_TEN_THOUSANDTH:  # counted above
+                out[N_OK_1E4] = r_ok4
+                counted = 0
+            if counted or m_ulp > 32.0:  # one loop for both
                 n_u32 = _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, False,
-                                      ratios, m_ulp > 32.0, floor_of, masked)
+                                      counted, m_ulp > 32.0, floor_of, masked)
             if ratios == 0:
                 out[N_OK_1E2] = out[N_OK_1E3] = out[N_OK_1E4] = n
             elif ratios != RATIOS_ALL:  # the counts over the small bound: add the small
@@ -488,9 +506,6 @@ def _pair_at(a, abits, aexp, g, gbits, i, kind, masked):
     return av, gv, gb
 
 
-# what _block_counts counts of the ratio family: all, the thousandth and ten-thousandth
-# over the small bound, the ten-thousandth there
-RATIOS_ALL, RATIOS_TRIMMED, RATIOS_TEN_THOUSANDTH = 1, 2, 3
 _RUN_LOUD = 256  # the elements _loud_after_all tests at once (vectorised)
 
 
@@ -598,10 +613,10 @@ _block_tols = _make_block(False, True, True, False)
 _block_rels = _make_block(True, False, True, False)
 _block_cells = _make_block(False, False, True, False)
 _block_metrics = _make_block(False, False, False, False)
-_half_block_tols = _make_block(False, True, True, True)
-_half_block_rels = _make_block(True, False, True, True)
-_half_block_cells = _make_block(False, False, True, True)
-_half_block_metrics = _make_block(False, False, False, True)
+_half_block_tols = _make_block(False, True, True, True, ten_thousandth_in_loop=True)
+_half_block_rels = _make_block(True, False, True, True, ten_thousandth_in_loop=True)
+_half_block_cells = _make_block(False, False, True, True, ten_thousandth_in_loop=True)
+_half_block_metrics = _make_block(False, False, False, True, ten_thousandth_in_loop=True)
 _floor_f32_cells = _make_block(False, False, True, False, ROUND_F32)
 _floor_f32_metrics = _make_block(False, False, False, False, ROUND_F32)
 # and each with NaN / Inf pairs taken as zeros, for a block that holds one
