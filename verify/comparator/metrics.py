@@ -321,7 +321,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     counts them in a loop of its own over the block while it is in cache (_block_counts),
     as do bf16 / fp16 outputs the ratio family (C_RATIOS, less what a quiet block knows:
     _ratios_trimmed), unless the block loop counts what is left of it
-    (``ten_thousandth_in_loop``, the fp16 variants: a quiet block, RATIOS_TEN_THOUSANDTH,
+    (``ten_thousandth_in_loop``, fp16's lean variants: a quiet block, RATIOS_TEN_THOUSANDTH,
     then 1.65 -> 1.43 ns an element, a loud one, which counts all again, 2.10 -> 2.23;
     bf16's two tests in the fp32 variants it shares would cost fp32 blocks, and variants
     and passes of its own, compiled too, bought a quiet bf16 block only 1.47 -> 1.42);
@@ -415,9 +415,9 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             n_u1 += 1.0 if ulp > 1.0 else 0.0
             sm = 1.0 if ag <= small else 0.0
             n_small += sm
+            n_small_bad += sm * (1.0 if d > small_atol else 0.0)
             if ten_thousandth_in_loop:  # _block_counts' test, over the small bound
                 r_ok4 += 1.0 if (ag > small) & (d < 1e-4 * (ag + eps_ms)) else 0.0
-            n_small_bad += sm * (1.0 if d > small_atol else 0.0)
             allowed = atol + rtol * ag
             tol = d / _fmax(allowed, 1e-300)
             m_tol = _fmax(m_tol, tol)
@@ -607,8 +607,9 @@ def _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, tolerances, ratios, 
 # allclose's measure or of the relative error, with the histogram alone, and metrics
 # alone; the floor's (the histogram's cells, or nothing), over a rounded golden or (fp32)
 # rounding it on the fly; and the kernel's for fp16, whose error balance is against the
-# golden cast to half. Module globals, so that a pass calling them is cached (numba
-# caches no function that holds a compiled one in a closure)
+# golden cast to half and whose loop counts the ten-thousandth. Module globals, so that a
+# pass calling them is cached (numba caches no function that holds a compiled one in a
+# closure)
 _block_tols = _make_block(False, True, True, False)
 _block_rels = _make_block(True, False, True, False)
 _block_cells = _make_block(False, False, True, False)
