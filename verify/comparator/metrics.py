@@ -345,13 +345,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
 
     @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
     def _block(a, abits, aexp, aman, g, gbits, lo, hi, c, out, rels, tols, cells):
-        eps_cann, small = c[C_EPS_CANN], c[C_SMALL]
+        eps_cann, small, eps_ms = c[C_EPS_CANN], c[C_SMALL], c[C_EPS_MS]
         mant_bits, floor_bits = _ulp_fields(c)
         atol, rtol, quiet, small_atol = c[C_ATOL], c[C_RTOL], c[C_QUIET], c[C_SMALL_ATOL]
         s_rel = m_rel = m_abs = s_sq = dot = aa = gg = 0.0
         s_eb = m_ulp = s_ulp = n_u1 = n_small = n_small_bad = 0.0
         m_pr = m_tol = shrink = grow = eb_gt = eb_lt = m_g = loud = 0.0
-        eps_ms = c[C_EPS_MS]
         r_ok4 = 0.0  # ten_thousandth_in_loop's count
         # the largest exponent fields, all ones at NaN / Inf: the output's in its bits'
         # width (int64 for the floor's, whose abits are the golden's)
