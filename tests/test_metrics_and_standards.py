@@ -373,6 +373,63 @@ def test_an_fp16_block_counts_the_ten_thousandth_strictly_in_its_own_loop():
             assert slots[:metrics.N_SLOTS].view(np.float64)[metrics.N_OK_1E4] == want
 
 
+@pytest.mark.parametrize("n_loud", [1, 37, metrics.SPARSE_LOUD_MOST,
+                                    metrics.SPARSE_LOUD_MOST + 1])
+def test_a_block_with_few_loud_elements_counts_them_alone(n_loud):
+    """An fp32 block with at most SPARSE_LOUD_MOST loud elements (d > fl(q |g|)) counts
+    its tolerances, ratio family and ULP errors over 32 on those alone, the quiet ones
+    passing every test: the lean variants' every slot and kept error must be the masked
+    pass's, and _sparse_loud_counts' counts the loop's over every element
+    (_block_counts). The loud elements straddle each bound: relative errors from 1e-6 to
+    0.1 (msprobe's absolute threshold 2^-20, the ten-thousandth to the hundredth, CANN
+    v2's 2^-10, ULP errors over 32), errors at zero goldens, small values off by under and
+    over their atol (the small part of each ratio count), and errors exactly at allclose's
+    and CANN v2's bounds and the next float over (exact in float32: golden k 2^-10, error
+    m 2^-20, power-of-two tolerances); one more than the most takes the loop over every
+    element."""
+    dtype = torch.float32
+    atol, rtol = 2.0 ** -16, 2.0 ** -12
+    c = metrics._constants(dtype, atol, rtol)
+    assert c[metrics.C_SPARSE] == 1.0
+    v2_atol, v2_rtol = c[metrics.C_V2_ATOL], c[metrics.C_V2_RTOL]
+    assert (v2_atol, v2_rtol) == (2.0 ** -16, 2.0 ** -10)
+    rng = np.random.default_rng(n_loud)
+    n = metrics.BLOCK - 5  # a vector tail too
+    g = rng.standard_normal(n) * 4.0
+    g[rng.choice(n, 300, replace=False)] *= 1e-7  # small values (|g| <= 2^-20 some)
+    spots = np.sort(rng.choice(n, n_loud, replace=False))
+    a = g.astype(np.float32)
+    k = len(spots)
+    rel = 10.0 ** rng.uniform(-6, -1, k) * rng.choice([-1.0, 1.0], k)
+    a[spots] = (g[spots] * (1 + rel)).astype(np.float32)
+    g[spots[::7]] = 0.0  # errors at a zero golden
+    a[spots[::7]] = np.float32(1e-6)
+    for part, off in ((spots[5::7], 1e-10), (spots[6::7], 5e-9)):  # small values off
+        g[part] = rng.uniform(1e-7, 9e-7, part.size)  # by under / over their atol
+        a[part] = (g[part] + off).astype(np.float32)
+    exact = spots[3::7]  # errors at allclose's / CANN v2's bound, and the float over
+    gk = rng.integers(1024, 8192, exact.size) * 2.0 ** -10  # in [1, 8): k 2^-10
+    bound = np.where(np.arange(exact.size) % 2 == 0, atol + rtol * gk, v2_atol + v2_rtol * gk)
+    m = np.round(bound * 2.0 ** 20) + (np.arange(exact.size) // 2 % 2)  # at it, or over
+    g[exact], a[exact] = gk, (gk + m * 2.0 ** -20).astype(np.float32)
+    assert (a[exact].astype(np.float64) - gk == m * 2.0 ** -20).all()
+    d = np.abs(a.astype(np.float64) - g)
+    loud = d > c[metrics.C_QUIET] * np.abs(g)
+    assert loud.sum() == n_loud
+    ulp_over = (d[loud] / np.spacing(np.abs(g[loud]).astype(np.float32))) > 32
+    assert n_loud < 30 or (ulp_over.any() and not ulp_over.all())
+    for lean, twin, reference, _ in _variants_for(dtype):
+        want = _block_slots(reference, a, g, c)
+        assert (_block_slots(lean, a, g, c) == want).all(), lean
+    abits, aexp, _ = metrics._bits_of(a)
+    gbits = g.view(np.int64)
+    loop, alone = np.zeros(metrics.N_SLOTS), np.zeros(metrics.N_SLOTS)
+    over = metrics._block_counts(a, abits, aexp, g, gbits, 0, n, c, loop, True,
+                                 metrics.RATIOS_ALL, True, 0, False)
+    assert metrics._sparse_loud_counts(a, g, gbits, 0, n, c, alone) == over
+    assert (alone.view(np.int64) == loop.view(np.int64)).all()
+
+
 @pytest.mark.parametrize("where", ["actual", "golden"])
 def test_one_nan_or_inf_anywhere_in_a_block_is_seen(where):
     """The pass's lean variant only notes a NaN / Inf and then takes the block through its
