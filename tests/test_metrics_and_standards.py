@@ -373,51 +373,70 @@ def test_an_fp16_block_counts_the_ten_thousandth_strictly_in_its_own_loop():
             assert slots[:metrics.N_SLOTS].view(np.float64)[metrics.N_OK_1E4] == want
 
 
+# per output dtype: the tolerances (atol, rtol: powers of two, so that allclose's and
+# CANN v2's bounds are exact), the error unit and goldens at which an error lands exactly
+# on them, loud relative errors, small goldens and their errors under / over the atol
+FEW_LOUD = {torch.float32: dict(atol=2.0 ** -16, rtol=2.0 ** -12, unit=2.0 ** -20,
+                                exact_g=lambda rng, k: rng.integers(256, 2048, k) * 2.0 ** -8,
+                                rel=(-6.0, -1.0), small=(1e-7, 9e-7), off=(1e-10, 5e-9),
+                                sparse=metrics.SPARSE_ALL),
+            torch.float16: dict(atol=2.0 ** -7, rtol=2.0 ** -6, unit=2.0 ** -8,
+                                exact_g=lambda rng, k: 2.0 * rng.integers(0, 4, k) + 1,
+                                rel=(np.log10(3 * 2.0 ** -10), -1.0), small=(1e-4, 9e-4),
+                                off=(4e-6, 5e-5), sparse=metrics.SPARSE_BUT_1E4)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("n_loud", [1, 37, metrics.SPARSE_LOUD_MOST,
                                     metrics.SPARSE_LOUD_MOST + 1])
-def test_a_block_with_few_loud_elements_counts_them_alone(n_loud):
-    """An fp32 block with at most SPARSE_LOUD_MOST loud elements (d > fl(q |g|)) counts
-    its tolerances, ratio family and ULP errors over 32 on those alone, the quiet ones
-    passing every test: the lean variants' every slot and kept error must be the masked
-    pass's, and _sparse_loud_counts' counts the loop's over every element
-    (_block_counts). The loud elements straddle each bound: relative errors from 1e-6 to
-    0.1 (msprobe's absolute threshold 2^-20, the ten-thousandth to the hundredth, CANN
-    v2's 2^-10, ULP errors over 32), errors at zero goldens, small values off by under and
-    over their atol (the small part of each ratio count), and errors exactly at allclose's
-    and CANN v2's bounds and the next float over (exact in float32: golden k 2^-10, error
-    m 2^-20, power-of-two tolerances); one more than the most takes the loop over every
-    element."""
-    dtype = torch.float32
-    atol, rtol = 2.0 ** -16, 2.0 ** -12
+def test_a_block_with_few_loud_elements_counts_them_alone(dtype, n_loud):
+    """A block with at most SPARSE_LOUD_MOST loud elements (d > fl(q |g|)) counts its
+    tolerances, ratio family and ULP errors over 32 on those alone, the quiet ones passing
+    every test (fp16: all but the ten-thousandth, which its block loop counts over every
+    element): the lean variants' every slot and kept error must be the masked pass's,
+    and _sparse_loud_counts' counts the loop's over every element (_block_counts). The
+    loud elements straddle each bound: relative errors up to 0.1 (msprobe's absolute
+    threshold, the ten-thousandth to the hundredth, CANN v2's, ULP errors over 32),
+    errors at zero goldens, small values off by under and over their atol (the small part
+    of each ratio count), and errors exactly at allclose's and CANN v2's bounds and the
+    next float over (exact: the goldens on a grid, errors a multiple of a power of two,
+    power-of-two tolerances); one more than the most takes the loop over every element."""
+    setup = FEW_LOUD[dtype]
+    store = np.float16 if dtype == torch.float16 else np.float32
+    atol, rtol = setup["atol"], setup["rtol"]
     c = metrics._constants(dtype, atol, rtol)
-    assert c[metrics.C_SPARSE] == 1.0
+    assert c[metrics.C_SPARSE] == setup["sparse"]
     v2_atol, v2_rtol = c[metrics.C_V2_ATOL], c[metrics.C_V2_RTOL]
-    assert (v2_atol, v2_rtol) == (2.0 ** -16, 2.0 ** -10)
     rng = np.random.default_rng(n_loud)
     n = metrics.BLOCK - 5  # a vector tail too
     g = rng.standard_normal(n) * 4.0
-    g[rng.choice(n, 300, replace=False)] *= 1e-7  # small values (|g| <= 2^-20 some)
+    g = np.copysign(np.maximum(np.abs(g), 1e-3), g)  # clear of the format's subnormals
+    quiet_small = rng.choice(n, 300, replace=False)
+    g[quiet_small] = rng.uniform(*setup["small"], 300) * rng.choice([-1.0, 1.0], 300)
     spots = np.sort(rng.choice(n, n_loud, replace=False))
-    a = g.astype(np.float32)
+    a = g.astype(store)
     k = len(spots)
-    rel = 10.0 ** rng.uniform(-6, -1, k) * rng.choice([-1.0, 1.0], k)
-    a[spots] = (g[spots] * (1 + rel)).astype(np.float32)
+    rel = 10.0 ** rng.uniform(*setup["rel"], k) * rng.choice([-1.0, 1.0], k)
+    a[spots] = (g[spots] * (1 + rel)).astype(store)
     g[spots[::7]] = 0.0  # errors at a zero golden
-    a[spots[::7]] = np.float32(1e-6)
-    for part, off in ((spots[5::7], 1e-10), (spots[6::7], 5e-9)):  # small values off
-        g[part] = rng.uniform(1e-7, 9e-7, part.size)  # by under / over their atol
-        a[part] = (g[part] + off).astype(np.float32)
+    a[spots[::7]] = store(1e-6)
+    for part, off in zip((spots[5::7], spots[6::7]), setup["off"]):  # small values off
+        g[part] = rng.uniform(*setup["small"], part.size)  # by under / over their atol
+        a[part] = (g[part] + off).astype(store)
     exact = spots[3::7]  # errors at allclose's / CANN v2's bound, and the float over
-    gk = rng.integers(1024, 8192, exact.size) * 2.0 ** -10  # in [1, 8): k 2^-10
+    gk = setup["exact_g"](rng, exact.size)
+    unit = setup["unit"]
     bound = np.where(np.arange(exact.size) % 2 == 0, atol + rtol * gk, v2_atol + v2_rtol * gk)
-    m = np.round(bound * 2.0 ** 20) + (np.arange(exact.size) // 2 % 2)  # at it, or over
-    g[exact], a[exact] = gk, (gk + m * 2.0 ** -20).astype(np.float32)
-    assert (a[exact].astype(np.float64) - gk == m * 2.0 ** -20).all()
+    m = bound / unit + (np.arange(exact.size) // 2 % 2)  # at it, or the float over
+    assert (m == np.round(m)).all()
+    g[exact], a[exact] = gk, (gk + m * unit).astype(store)
+    assert (a[exact].astype(np.float64) - gk == m * unit).all()
     d = np.abs(a.astype(np.float64) - g)
     loud = d > c[metrics.C_QUIET] * np.abs(g)
     assert loud.sum() == n_loud
-    ulp_over = (d[loud] / np.spacing(np.abs(g[loud]).astype(np.float32))) > 32
+    ulp_over = (d[loud] / np.spacing(np.abs(g[loud]).astype(store))) > 32
     assert n_loud < 30 or (ulp_over.any() and not ulp_over.all())
+    a = a.astype(np.float32)  # fp16: as the pass upcasts it
     for lean, twin, reference, _ in _variants_for(dtype):
         want = _block_slots(reference, a, g, c)
         assert (_block_slots(lean, a, g, c) == want).all(), lean
@@ -426,7 +445,12 @@ def test_a_block_with_few_loud_elements_counts_them_alone(n_loud):
     loop, alone = np.zeros(metrics.N_SLOTS), np.zeros(metrics.N_SLOTS)
     over = metrics._block_counts(a, abits, aexp, g, gbits, 0, n, c, loop, True,
                                  metrics.RATIOS_ALL, True, 0, False)
-    assert metrics._sparse_loud_counts(a, g, gbits, 0, n, c, alone) == over
+    small = np.abs(g) <= c[metrics.C_SMALL]
+    ok4_big = -1.0
+    if setup["sparse"] == metrics.SPARSE_BUT_1E4:
+        ok4_big = float((~small & (d < 1e-4 * (np.abs(g) + c[metrics.C_EPS_MS]))).sum())
+    assert metrics._sparse_loud_counts(a, g, gbits, 0, n, c, alone, ok4_big,
+                                       float(small.sum())) == over
     assert (alone.view(np.int64) == loop.view(np.int64)).all()
 
 

@@ -440,9 +440,13 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         n_loud = loud
         if not (masked or floor_of) and 0.0 < loud <= n_small and c[C_QUIET_ABS] > 0.0:
             loud = _loud_after_all(a, g, lo, hi, c)  # by small values' errors alone?
+        sparse = c[C_SPARSE] == SPARSE_ALL or (ten_thousandth_in_loop
+                                                and c[C_SPARSE] == SPARSE_BUT_1E4)
         if loud > 0.0 and not (masked or floor_of) and n_loud <= SPARSE_LOUD_MOST \
-                and c[C_SPARSE] > 0.0:  # a few loud elements: their counts alone
-            n_u32 = _sparse_loud_counts(a, g, gbits, lo, hi, c, out)
+                and sparse:  # a few loud elements: their counts alone
+            n_u32 = _sparse_loud_counts(a, g, gbits, lo, hi, c, out,
+                                        r_ok4 if c[C_SPARSE] == SPARSE_BUT_1E4 else -1.0,
+                                        n_small)
         elif loud > 0.0 or quiet < 0.0:  # a loud block: its counts in one loop
             n_u32 = _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, True,
                                   RATIOS_ALL, True, floor_of, masked)
@@ -609,15 +613,19 @@ def _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, tolerances, ratios, 
 
 
 _SPARSE_RUN = 64  # the elements _sparse_loud_counts tests at once (vectorised)
+SPARSE_ALL, SPARSE_BUT_1E4 = 1, 2  # C_SPARSE: what a quiet element is known to pass
 SPARSE_LOUD_MOST = 1 << 11  # the most loud elements a block counts one by one (1/32 of it)
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
-def _sparse_loud_counts(a, g, gbits, lo, hi, c, out):
+def _sparse_loud_counts(a, g, gbits, lo, hi, c, out, ok4_big, n_small):
     """A loud block's counts (_block_counts' tolerances, ratios and ULP errors over 32)
     from its loud elements alone (d > fl(q |g|)), where C_SPARSE says every quiet one
-    passes each test (C_RATIOS 0: the ratio family is in the slope) and has a ULP error
-    within 32. Each run of 64 elements is tested at once (vectorised); a run that holds
+    passes each test and has a ULP error within 32: SPARSE_ALL (C_RATIOS 0: the ratio
+    family is in the slope), or SPARSE_BUT_1E4 (RATIOS_TEN_THOUSANDTH: all but the
+    ten-thousandth of the values over the small bound, which fp16's block loop counts
+    over every element, ``ok4_big``; -1 where the slope covers it; ``n_small``: the
+    block's small values). Each run of 64 elements is tested at once (vectorised); a run that holds
     a loud one is walked by its set bits, each loud element tested in _block_counts'
     expressions. For a block with few loud elements (of the fp32 blocks of an L1 run,
     59% are loud, and of those 42% hold under 1% loud elements: torch's fp32 layer_norm
@@ -631,8 +639,8 @@ def _sparse_loud_counts(a, g, gbits, lo, hi, c, out):
     small, abs_rtol, eps_abs = c[C_SMALL], c[C_ABS_RTOL], c[C_EPS_ABS]
     eps_ms, thou_atol = c[C_EPS_MS], c[C_THOU_ATOL]
     mant_bits, floor_bits = _ulp_fields(c)
-    loud = 0.0
-    n_rel_bad = n_v2 = n_case = zero_bad = ok2 = ok3 = ok4 = n_over = 0.0
+    loud = loud_small = 0.0
+    n_rel_bad = n_v2 = n_case = zero_bad = ok2 = ok3 = ok4 = small_ok = n_over = 0.0
     for start in range(lo, hi, _SPARSE_RUN):
         end = min(start + _SPARSE_RUN, hi)
         some = 0.0
@@ -656,6 +664,7 @@ def _sparse_loud_counts(a, g, gbits, lo, hi, c, out):
             ag = abs(gv)
             big = ag > small
             loud += 1.0
+            loud_small += 0.0 if big else 1.0
             zero_bad += 1.0 if (ag == 0.0) & (d > 0.0) else 0.0
             n_rel_bad += 1.0 if big & (d > abs_rtol * (ag + eps_abs)) else 0.0
             n_v2 += 1.0 if d <= v2_atol + v2_rtol * ag else 0.0
@@ -665,6 +674,7 @@ def _sparse_loud_counts(a, g, gbits, lo, hi, c, out):
             ok2 += ok_small + (1.0 if big & (d < 1e-2 * denom) else 0.0)
             ok3 += ok_small + (1.0 if big & (d < 1e-3 * denom) else 0.0)
             ok4 += ok_small + (1.0 if big & (d < 1e-4 * denom) else 0.0)
+            small_ok += ok_small
             n_over += 1.0 if _ulp_error(d, gb, mant_bits, floor_bits) > 32.0 else 0.0
     passed = np.float64(hi - lo) - loud  # the quiet elements: within every test
     out[N_REL_BAD] = n_rel_bad
@@ -673,7 +683,8 @@ def _sparse_loud_counts(a, g, gbits, lo, hi, c, out):
     out[N_ZERO_G_BAD] = zero_bad
     out[N_OK_1E2] = passed + ok2
     out[N_OK_1E3] = passed + ok3
-    out[N_OK_1E4] = passed + ok4
+    out[N_OK_1E4] = passed + ok4 if ok4_big < 0.0 \
+        else ok4_big + (n_small - loud_small) + small_ok  # every quiet small value within
     return n_over
 
 
@@ -1640,13 +1651,20 @@ def _ratios_trimmed(c: np.ndarray) -> float:
 
 
 def _sparse_loud(c: np.ndarray) -> float:
-    """1.0 where a loud block may count its loud elements alone (_sparse_loud_counts):
-    every quiet element (d <= fl(q |g|)) passes the ratio family too (C_RATIOS 0, so
-    the slope covers it) and has a ULP error within 32: d <= q |g| (1 + 2^-52) with |g| <
-    2^(e + 1) and the ULP 2^(max(e, min_exp) - mant) makes it under q 2^(mant + 1)."""
+    """What a loud block may count on its loud elements alone (_sparse_loud_counts), every
+    quiet element (d <= fl(q |g|)) having a ULP error within 32 (d <= q |g| (1 + 2^-52)
+    with |g| < 2^(e + 1) and the ULP 2^(max(e, min_exp) - mant) makes it under
+    q 2^(mant + 1)): SPARSE_ALL where the slope covers the ratio family too (C_RATIOS 0),
+    SPARSE_BUT_1E4 where a quiet block knows all of it but the ten-thousandth over the
+    small bound (RATIOS_TEN_THOUSANDTH: fp16, whose block loop counts that), else 0."""
     q = c[C_QUIET]
-    ok = c[C_RATIOS] == 0.0 and q > 0 and q * 2.0 ** (c[C_MANT] + 1) * (1 + 2.0 ** -50) <= 32
-    return 1.0 if ok else 0.0
+    if not (q > 0 and q * 2.0 ** (c[C_MANT] + 1) * (1 + 2.0 ** -50) <= 32):
+        return 0.0
+    if c[C_RATIOS] == 0.0:
+        return float(SPARSE_ALL)
+    if c[C_RATIOS_TRIM] == RATIOS_TEN_THOUSANDTH:
+        return float(SPARSE_BUT_1E4)
+    return 0.0
 
 
 def _quiet_offset(c: np.ndarray) -> float:
