@@ -319,7 +319,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
     all within the hundredth / thousandth / ten-thousandth too), and a block loud only by
     small values within an absolute offset is quiet too (_loud_after_all). A loud block
     counts them in a loop of its own over the block while it is in cache (_block_counts;
-    an fp32 block with at most SPARSE_LOUD_MOST loud elements on those alone:
+    an fp32 or fp16 block with at most SPARSE_LOUD_MOST loud elements on those alone:
     _sparse_loud_counts),
     as do bf16 / fp16 outputs the ratio family (C_RATIOS, less what a quiet block knows:
     _ratios_trimmed), unless the block loop counts what is left of it
@@ -440,13 +440,13 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
         n_loud = loud
         if not (masked or floor_of) and 0.0 < loud <= n_small and c[C_QUIET_ABS] > 0.0:
             loud = _loud_after_all(a, g, lo, hi, c)  # by small values' errors alone?
-        sparse = c[C_SPARSE] == SPARSE_ALL or (ten_thousandth_in_loop
-                                                and c[C_SPARSE] == SPARSE_BUT_1E4)
+        # the ten-thousandth over the small bound as this loop counted it (fp16), or -1
+        ok4_big = r_ok4 if ten_thousandth_in_loop and c[C_SPARSE] == SPARSE_BUT_1E4 \
+            else -1.0
+        sparse = c[C_SPARSE] == SPARSE_ALL or ok4_big >= 0.0
         if loud > 0.0 and not (masked or floor_of) and n_loud <= SPARSE_LOUD_MOST \
                 and sparse:  # a few loud elements: their counts alone
-            n_u32 = _sparse_loud_counts(a, g, gbits, lo, hi, c, out,
-                                        r_ok4 if c[C_SPARSE] == SPARSE_BUT_1E4 else -1.0,
-                                        n_small)
+            n_u32 = _sparse_loud_counts(a, g, gbits, lo, hi, c, out, ok4_big, n_small)
         elif loud > 0.0 or quiet < 0.0:  # a loud block: its counts in one loop
             n_u32 = _block_counts(a, abits, aexp, g, gbits, lo, hi, c, out, True,
                                   RATIOS_ALL, True, floor_of, masked)
