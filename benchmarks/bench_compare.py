@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -31,17 +32,17 @@ REPEATS = 7
 
 def round_robin(fns, repeats=REPEATS, floor=None):
     """(best, median) seconds of each function, timed in turn within every round, so that
-    a slow spell of this shared machine falls on all of them alike. With ``floor`` (the
-    memory floor of the same data), the floor is timed again right before every other
-    function, and its (best, median) is over all those samples: the host's memory bandwidth
-    varies by up to 2x over tens of seconds while the compute-bound pass does not, so a
+    a slow spell of this shared machine falls on all of them alike. With ``floor`` (a
+    MemoryFloor of the same data), the floor is timed again right before every other
+    function and comes first, its (best, median) over all those samples: the host's memory
+    bandwidth varies about 2x over seconds while the compute-bound pass does not, so a
     floor timed only now and then can fall in a slow spell and flatter every ratio."""
     times = [[] for _ in fns]
     floors = []
     for _ in range(repeats):
         for k, fn in enumerate(fns):
             if floor is not None:
-                floors.append(_timed(floor))
+                floors.append(_timed(floor.read))
             times[k].append(_timed(fn))
     if floor is not None:
         FLOOR_SAMPLES.setdefault(floor.key, []).extend(floors)
@@ -55,18 +56,20 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-FLOOR_SAMPLES: dict = {}  # the floor's samples of the run per data (dtype, shape)
+FLOOR_SAMPLES: dict = {}  # the floor's samples of the run per output (dtype, shape)
 
 
-def memory_floor_of(actual: torch.Tensor, golden: torch.Tensor):
-    """Every byte of both tensors read once, nothing else (their sums), keyed by the
-    output's dtype and shape, so that the run's samples of as many bytes are pooled (the
-    goldens are all float64)."""
-    def floor():
-        actual.sum()
-        golden.sum()
-    floor.key = (str(actual.dtype).replace("torch.", ""), tuple(actual.shape))
-    return floor
+class MemoryFloor(NamedTuple):
+    """Every byte of both tensors read once, nothing else (``read``: their sums), and the
+    output's (dtype, shape) under which the run pools its samples (the goldens are all
+    float64, so the same key reads as many bytes)."""
+    key: tuple
+    read: Callable[[], object]
+
+
+def memory_floor_of(actual: torch.Tensor, golden: torch.Tensor) -> MemoryFloor:
+    return MemoryFloor((str(actual.dtype).replace("torch.", ""), tuple(actual.shape)),
+                       lambda: (actual.sum(), golden.sum()))
 
 
 def floor_spread() -> None:
@@ -267,7 +270,7 @@ def against_fastest(rows, key) -> None:
     the whole run saw: the ratios a user of this machine's best memory bandwidth gets."""
     fastest = min(FLOOR_SAMPLES[key])
     by_name = {name: best for name, best, _ in rows}
-    print(f"  against the run's fastest fp32 [7168, 4096] floor ({fastest * 1e3:.1f} ms): "
+    print(f"  against the run's fastest fp32 {list(SHAPE)} floor ({fastest * 1e3:.1f} ms): "
           f"metrics alone {by_name['verify metrics (all, one pass)'] / fastest:.1f}x, "
           f"verify.compare {by_name['verify.compare (all that, and the verdict)'] / fastest:.1f}x"
           f" (floors known "
