@@ -130,8 +130,8 @@ def main() -> None:
              ("verify.compare, output with computed error", computed_verdict),
              ("... floors known (warm run)", computed_warm),
              ("torch.testing.assert_close", reference))
-    floor_timed, *timed = round_robin([fn for _, fn in named],
-                                      floor=memory_floor_of(actual, golden))
+    floor = memory_floor_of(actual, golden)
+    floor_timed, *timed = round_robin([fn for _, fn in named], floor=floor)
     rows = [(name, best, median) for (name, _), (best, median) in zip(named, timed)]
     rows.insert(2, ("read-only pass (memory floor)", *floor_timed))
     ref_best = rows[-1][1]
@@ -164,7 +164,7 @@ def main() -> None:
     variants()
     touch_ways()
     floor_spread()
-    against_fastest(rows, memory_floor_of(actual, golden).key)
+    against_fastest(rows, floor.key)
 
 
 def with_computed_error(golden: torch.Tensor, dtype, gen, size: float = 1e-7) -> torch.Tensor:
