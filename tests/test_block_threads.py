@@ -1,0 +1,79 @@
+"""The metrics pass runs a call per thread (verify.comparator.block_threads): its figures
+do not depend on how many threads run it, a thread's error reaches the caller, and a
+forked child (a Ray or multiprocessing worker) gets threads of its own."""
+import math
+import multiprocessing
+
+import numba
+import pytest
+import torch
+
+from verify.comparator import block_threads, metrics
+
+
+def _figures(m: metrics.Measured):
+    """Every field of both metrics, the histograms and the heat map, NaN-aware."""
+    def same(x):
+        return "nan" if isinstance(x, float) and math.isnan(x) else x
+    fields = [tuple(same(v) for v in part.as_dict().values()) for part in (m.metrics, m.floor)]
+    return fields, repr(m.histogram), repr(m.heatmap)
+
+
+def _pair(dtype):
+    gen = torch.Generator().manual_seed(7)
+    golden = torch.randn(5 * metrics.BLOCK // 64 + 37, 64, generator=gen,
+                         dtype=torch.float64)
+    actual = (golden * (1 + 3e-3 * torch.randn(golden.shape, generator=gen,
+                                               dtype=torch.float64))).to(dtype)
+    actual.view(-1)[[11, 3 * metrics.BLOCK + 5]] = float("nan")
+    actual.view(-1)[2 * metrics.BLOCK + 9] = float("inf")
+    return actual, golden
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_figures_do_not_depend_on_the_thread_count(dtype):
+    actual, golden = _pair(dtype)
+    before = numba.get_num_threads()
+    try:
+        results = []
+        for n in (1, max(2, before)):
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+            results.append(_figures(metrics.measure_all(actual, golden, heat="rel")))
+    finally:
+        numba.set_num_threads(before)
+    assert results[0] == results[1]
+    kernel = dict(zip(metrics.Metrics.names(), results[0][0][0]))
+    assert kernel["n"] == golden.numel() - 3 and kernel["nan_inf_mismatch"] == 3
+
+
+def test_a_threads_error_reaches_the_caller():
+    seen = []
+
+    def fn(t, box):
+        seen.append(t)
+        if t == 2:
+            raise ValueError(f"thread {t} of {box}")
+
+    with pytest.raises(ValueError, match="thread 2 of box"):
+        block_threads.run_per_thread(fn, 3, "box")
+    assert sorted(seen) == [0, 1, 2]
+
+
+def _child(queue, actual, golden):  # no torch kernels here: torch's own pool is not
+    # fork-safe, the pass's is
+    queue.put(_figures(metrics.measure_all(actual, golden, heat="rel")))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
+                    reason="no fork on this platform")
+def test_a_forked_child_runs_the_pass_on_threads_of_its_own():
+    actual, golden = _pair(torch.float32)
+    here = _figures(metrics.measure_all(actual, golden, heat="rel"))  # the pool exists now
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child, args=(queue, actual, golden))
+    child.start()
+    there = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert there == here
