@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from verify.comparator import block_threads, metrics
+from verify.running import isolation
 
 
 def _figures(m: metrics.Measured):
@@ -77,3 +78,21 @@ def test_a_forked_child_runs_the_pass_on_threads_of_its_own():
     child.join(timeout=60)
     assert child.exitcode == 0
     assert there == here
+
+
+def test_the_pools_threads_are_not_a_kernels_leftovers():
+    """The pool's threads outlive a call (idle, not daemon): the run's check for threads
+    kernels left running must not count them, but still counts any other."""
+    import threading
+    before = {t.ident for t in threading.enumerate()}
+    block_threads.run_per_thread(lambda t: None, 2)
+    assert block_threads.own_threads()
+    assert isolation.lingering_threads(before - block_threads.own_threads()) == []
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, name="a-kernels-thread")
+    other.start()
+    try:
+        assert [t.name for t in isolation.lingering_threads(before)] == ["a-kernels-thread"]
+    finally:
+        stop.set()
+        other.join()

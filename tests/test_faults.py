@@ -112,6 +112,13 @@ def exits(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):
 def threads(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):
     threading.Thread(target=time.sleep, args=(10**6,)).start()  # not a daemon
     return _fine(weight, exp_avg)
+
+
+@verify.kernel("lion", backend="compares")
+def compares(weight, grad, exp_avg, *, lr, beta1, beta2, weight_decay):
+    big = torch.zeros(3 << 16, dtype=torch.float64)  # three blocks: the pass's threads
+    verify.compare(big.float(), big)
+    return _fine(weight, exp_avg)
 '''
 
 
@@ -143,7 +150,20 @@ def test_threads_left_running_do_not_keep_an_in_process_run_alive(tmp_path):
                   "--backend", "threads", "-n", "0", "-k", "small and fp32 and 8x8",
                   "--reports", tmp_path, "--run-id", "x", timeout=120)
     assert out.returncode == 1 and "still running" in out.stderr, out.stderr[-2000:]
+    assert "1 thread(s)" in out.stderr and "verify-pass" not in out.stderr, out.stderr[-2000:]
     assert (tmp_path / "x" / "results.json").exists()
+
+
+def test_the_comparators_own_threads_are_not_reported_as_left_running(tmp_path):
+    """A compare over several blocks starts the comparator's pool threads (block_threads),
+    which idle between compares: an in-process run does not take them for a kernel's."""
+    (tmp_path / "k.py").write_text(MISBEHAVING)
+    out = run_cli("run", "--level", "L0", "--op", "lion", "--kernels", tmp_path / "k.py",
+                  "--backend", "compares", "-n", "0", "-k", "small and fp32 and 8x8",
+                  "--reports", tmp_path, "--run-id", "x", timeout=120)
+    assert "still running" not in out.stderr, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "x" / "results.json").read_text())["rows"]
+    assert rows and all(r["verdict"] in ("PASS", "FAIL") for r in rows), rows
 
 
 VIA_API = """

@@ -5,7 +5,9 @@ threads are plain Python threads that release the GIL while numba's code runs, r
 than a parallel=True function: numba's parfor compilation of that function had cost a
 fresh machine about 13 s a pass variant. The calling thread takes t = 0 itself; the
 others come from one pool a process (made again after a fork, whose child has no
-threads), so a call pays no thread start."""
+threads), so a call pays no thread start. They are the comparator's, not a kernel's:
+own_threads() names them, so a run that reports the threads its kernels left running
+(isolation.lingering_threads) leaves these out."""
 from __future__ import annotations
 
 import os
@@ -16,6 +18,17 @@ import numba
 
 _LOCK = threading.Lock()
 _POOL: dict = {}  # pid -> the pool's executor
+_OWN: set[int] = set()  # the idents of this process's pool threads
+
+
+def _started() -> None:
+    """The pool's initializer: each of its threads records itself as it starts."""
+    _OWN.add(threading.get_ident())
+
+
+def own_threads() -> set[int]:
+    """The idents of the pool's threads in this process (none before its first use)."""
+    return set(_OWN) if os.getpid() in _POOL else set()
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -23,8 +36,10 @@ def _pool() -> ThreadPoolExecutor:
         pool = _POOL.get(os.getpid())
         if pool is None:
             _POOL.clear()  # a forked child's copy of its parent's pool has no threads
+            _OWN.clear()
             pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
-                                      thread_name_prefix="verify-pass")
+                                      thread_name_prefix="verify-pass",
+                                      initializer=_started)
             _POOL[os.getpid()] = pool
         return pool
 

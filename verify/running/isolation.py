@@ -145,10 +145,13 @@ def _signal_name(number: int) -> str:
 
 
 def lingering_threads(before: set[int]) -> list[threading.Thread]:
-    """Non-daemon threads started since ``before`` (a kernel's leftovers)."""
+    """Non-daemon threads started since ``before`` (a kernel's leftovers), less the
+    comparator's own pool threads (block_threads), which idle between compares."""
+    from verify.comparator.block_threads import own_threads
+    ours = own_threads()
     return [t for t in threading.enumerate()
-            if t.ident not in before and not t.daemon and t is not threading.main_thread()
-            and t.is_alive()]
+            if t.ident not in before and t.ident not in ours and not t.daemon
+            and t is not threading.main_thread() and t.is_alive()]
 
 
 PR_SET_PDEATHSIG = 1
