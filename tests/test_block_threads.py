@@ -96,3 +96,16 @@ def test_the_pools_threads_are_not_a_kernels_leftovers():
     finally:
         stop.set()
         other.join()
+
+
+def test_compares_from_several_threads_at_once_get_their_own_figures():
+    """A user's threaded harness: each thread's compare gets the figures it gets alone
+    (the pass's buffers are the calling thread's, the pool is shared)."""
+    from concurrent.futures import ThreadPoolExecutor
+    pairs = [_pair(dtype) for dtype in (torch.float32, torch.bfloat16, torch.float16)]
+    alone = [_figures(metrics.measure_all(a, g, heat="rel")) for a, g in pairs]
+    with ThreadPoolExecutor(max_workers=3) as callers:
+        for _ in range(2):
+            together = list(callers.map(lambda p: _figures(metrics.measure_all(*p, heat="rel")),
+                                        pairs))
+            assert together == alone
