@@ -14,8 +14,6 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
-
 _LOCK = threading.Lock()
 _POOL: dict = {}  # pid -> the pool's executor
 _OWN: set[int] = set()  # the idents of this process's pool threads
@@ -35,6 +33,7 @@ def _pool() -> ThreadPoolExecutor:
     with _LOCK:
         pool = _POOL.get(os.getpid())
         if pool is None:
+            import numba  # here: own_threads() alone (a run's end) imports no numba
             _POOL.clear()  # a forked child's copy of its parent's pool has no threads
             _OWN.clear()
             pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
