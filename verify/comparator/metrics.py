@@ -1146,24 +1146,25 @@ def _settle_specials(out, spots, k, rels, tols, cells):
 
 
 @functools.cache
-def _make_pass(kernel: str, eb_half: bool):
-    """The whole pass over a chunk, compiled per set of the kernel's kept errors
-    (``kernel``, a KEEP key) and error balance cast (``eb_half``: fp16). The flags are
-    constants of the closure, so numba drops the branches they rule out and compiles only
-    the block variants this pass calls: one pass calling every variant took a fresh
-    machine's first compare a minute. The floor's block keeps the cells when the
-    kernel's does (the histograms), else nothing.
+def _make_pass(eb_half: bool):
+    """The whole pass over a chunk, compiled per error balance cast (``eb_half``: fp16, a
+    constant of the closure: numba compiles only the block variants of that cast). What
+    the kernel's block keeps (``keep``: a KEEP entry, rels / tols / cells, as 0 / 1) is
+    taken at run time, a branch a block: compiled per KEEP key as well, the passes cost a
+    fresh machine's cold L0 run (-n 0) 94.2 s of compiling in 114.8 s, one pass per cast
+    66.6 of 83.1 s, while a first fp32 compare, which now compiles every kept-errors block
+    variant at once, went 27.0 -> 39.5 s (fp16's next 7.2 -> 14.2). The floor's block keeps
+    the cells when the kernel's does (the histograms), else nothing.
 
     One call walks one thread's blocks (``t``); block_threads runs a call a thread, the
     pass being nogil. As one parallel=True function (a prange over the threads), each
     pass cost numba's parfor compilation besides: a fresh machine's first fp32 compare
     compiled that pass in 18.7 s, this one in 5.5 (_pass alone, of 50 and 38 s in all)."""
-    keep_rels, keep_tols, keep_cells = KEEP[kernel]
 
     @njit(cache=True, nogil=True, error_model="numpy")
     def _pass(t, a, abits, aexp, aman, g, gbits, c, rp, rp_eb, out, out_f, hist, eb, cells,
               base, t1, t2, heat, where, starts, ends, scratch, cells_of, flagged_of,
-              floor_kind, a16, up_of, up_bits_of, up_half, touch):
+              floor_kind, a16, up_of, up_bits_of, up_half, touch, keep):
         """Per block: the kernel's metrics and error balance counts, then (out_f not
         empty) the golden rounded to the output dtype and its metrics and counts, then
         (hist not empty) both histograms and (heat not empty) the kernel's heat map, all
@@ -1202,6 +1203,7 @@ def _make_pass(kernel: str, eb_half: bool):
         that goes straight to the masked twin (after one with NaN / Inf) is not touched:
         that loop's slower arithmetic keeps up with the memory (bf16 with a NaN every 1009
         elements: metrics 4.3x the memory floor untouched, 4.5x touched)."""
+        keep_rels, keep_tols, keep_cells = keep[0] == 1, keep[1] == 1, keep[2] == 1
         n = g.shape[0]
         upcast = a16.shape[0] > 0
         floor = out_f.shape[0] > 0
@@ -1785,7 +1787,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     rows = total // cols if heat else 1
     grid = np.zeros((min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1))
     # the pass compiled for what is kept, and for fp16's half cast of msprobe's EB
-    pass_ = _make_pass(heat or ("hist" if hist else "none"), bool(rp_eb[0] == 11.0))
+    pass_ = _make_pass(bool(rp_eb[0] == 11.0))
+    keep = np.array(KEEP[heat or ("hist" if hist else "none")], dtype=np.int64)
     starts, ends = _pool_windows(cols, grid.shape[1])
     # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
     # golden and the histogram's flagged elements, reused by every block the thread takes
@@ -1813,7 +1816,7 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
                    rp, rp_eb, parts, parts_f, hist_blocks, eb_blocks, _HIST_CELLS,
                    _HIST_BASE, _HIST_T1, _HIST_T2, heat_threads, where, starts, ends,
                    scratch, kept_cells, flagged, _FLOOR_KINDS.get(dtype, 0) if floor else 0,
-                   a16, up_buf, _bits_of(up_buf)[0], a.dtype == torch.float16, _touch_of())
+                   a16, up_buf, _bits_of(up_buf)[0], a.dtype == torch.float16, _touch_of(), keep)
     if heat:
         np.maximum(grid, heat_threads.max(axis=0), out=grid)
     hists = hist_blocks.sum(axis=0)
