@@ -3,6 +3,8 @@ do not depend on how many threads run it, a thread's error reaches the caller, a
 forked child (a Ray or multiprocessing worker) gets threads of its own."""
 import math
 import multiprocessing
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import pytest
@@ -83,7 +85,6 @@ def test_a_forked_child_runs_the_pass_on_threads_of_its_own():
 def test_the_pools_threads_are_not_a_kernels_leftovers():
     """The pool's threads outlive a call (idle, not daemon): the run's check for threads
     kernels left running must not count them, but still counts any other."""
-    import threading
     before = {t.ident for t in threading.enumerate()}
     block_threads.run_per_thread(lambda t: None, 2)
     assert block_threads.own_threads()
@@ -101,7 +102,6 @@ def test_the_pools_threads_are_not_a_kernels_leftovers():
 def test_compares_from_several_threads_at_once_get_their_own_figures():
     """A user's threaded harness: each thread's compare gets the figures it gets alone
     (the pass's buffers are the calling thread's, the pool is shared)."""
-    from concurrent.futures import ThreadPoolExecutor
     pairs = [_pair(dtype) for dtype in (torch.float32, torch.bfloat16, torch.float16)]
     alone = [_figures(metrics.measure_all(a, g, heat="rel")) for a, g in pairs]
     with ThreadPoolExecutor(max_workers=3) as callers:

@@ -1027,6 +1027,7 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
 # what the kernel's block pass keeps (rels, tols, cells), by what the caller asks for
 KEEP = {"tol": (False, True, True), "rel": (True, False, True), "hist": (False, False, True),
         "none": (False, False, False)}
+_KEEP_FLAGS = {k: np.array(v, dtype=np.int64) for k, v in KEEP.items()}  # the pass's keep
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -1786,9 +1787,9 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     cols = shape[-1] if heat else 1
     rows = total // cols if heat else 1
     grid = np.zeros((min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1))
-    # the pass compiled for what is kept, and for fp16's half cast of msprobe's EB
+    # the pass compiled for fp16's half cast of msprobe's EB or not; what it keeps, as flags
     pass_ = _make_pass(bool(rp_eb[0] == 11.0))
-    keep = np.array(KEEP[heat or ("hist" if hist else "none")], dtype=np.int64)
+    keep = _KEEP_FLAGS[heat or ("hist" if hist else "none")]
     starts, ends = _pool_windows(cols, grid.shape[1])
     # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
     # golden and the histogram's flagged elements, reused by every block the thread takes
@@ -1816,7 +1817,8 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
                    rp, rp_eb, parts, parts_f, hist_blocks, eb_blocks, _HIST_CELLS,
                    _HIST_BASE, _HIST_T1, _HIST_T2, heat_threads, where, starts, ends,
                    scratch, kept_cells, flagged, _FLOOR_KINDS.get(dtype, 0) if floor else 0,
-                   a16, up_buf, _bits_of(up_buf)[0], a.dtype == torch.float16, _touch_of(), keep)
+                   a16, up_buf, _bits_of(up_buf)[0], a.dtype == torch.float16, _touch_of(),
+                   keep)
     if heat:
         np.maximum(grid, heat_threads.max(axis=0), out=grid)
     hists = hist_blocks.sum(axis=0)
