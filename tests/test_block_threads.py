@@ -7,6 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
+import numpy as np
 import pytest
 import torch
 
@@ -47,6 +48,35 @@ def test_figures_do_not_depend_on_the_thread_count(dtype):
     assert results[0] == results[1]
     kernel = dict(zip(metrics.Metrics.names(), results[0][0][0]))
     assert kernel["n"] == golden.numel() - 3 and kernel["nan_inf_mismatch"] == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_thread_held_up_leaves_its_blocks_to_the_others(dtype, monkeypatch):
+    """The pass's threads claim blocks as they go: where the pass is made for three
+    threads and one of them runs it all before the others come (their cores busy), the
+    others find nothing left to take. They are handed an actual of NaN, which changes no
+    figure; a pass that dealt every third block to each thread would read it."""
+    actual, golden = _pair(dtype)
+    n = golden.numel()
+    monkeypatch.setattr(numba, "get_num_threads", lambda: 3)
+    everyone = _figures(metrics.measure_all(actual, golden, heat="rel"))
+
+    def nan_actual(args):  # the output's values and bits, all ones (NaN) in every bit
+        return [np.full_like(x, -1) if isinstance(x, np.ndarray) and x.size == n
+                and x.dtype in (np.float32, np.int32, np.int16) else x for x in args]
+
+    came = []
+
+    def one_runs_first(fn, n_threads, *args):
+        assert n_threads == 3
+        fn(2, *args)
+        for t in (1, 0):
+            came.append(t)
+            fn(t, *nan_actual(args))
+
+    monkeypatch.setattr(metrics, "run_per_thread", one_runs_first)
+    assert _figures(metrics.measure_all(actual, golden, heat="rel")) == everyone
+    assert came == [1, 0]
 
 
 def test_a_threads_error_reaches_the_caller():
