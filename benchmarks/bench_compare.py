@@ -14,17 +14,29 @@ and what a known floor (kept with the golden,
 verify/golden/floors.py) costs over a compare without floors. Last, what reading each block
 one word a line before the block loop does (the pass's touch: metrics.TOUCH_STATE) buys on
 this machine: each way fixed, and the pass timing both and picking.
+
+torch's OpenMP threads wait for their next op asleep here (OMP_WAIT_POLICY=PASSIVE, unless
+the caller sets the policy): the floor is torch's sum, timed right before every other
+call, and libgomp's default has its threads spin for some ms after it on the cores the
+timed call then runs on. That timed the contention rather than the call: metrics fp32
+[7168, 4096] took 15.7 ms right after the sum against 10.0 ms alone (9.8 with the
+threads asleep; best of 12). The pass's threads take blocks as they come, so a thread
+that shares its core holds no call up alone; run with OMP_WAIT_POLICY=ACTIVE to see it.
 """
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Callable, NamedTuple
+import os
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read when torch loads libgomp
 
-from verify.comparator import metrics
-from verify.comparator.comparison import compare, output_floor
+import statistics  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, NamedTuple  # noqa: E402
+
+import torch  # noqa: E402
+
+from verify.comparator import metrics  # noqa: E402
+from verify.comparator.comparison import compare, output_floor  # noqa: E402
 
 SHAPE = (7168, 4096)
 REPEATS = 7
@@ -138,7 +150,8 @@ def main() -> None:
     ref_median = rows[-1][2]
     floor_best = rows[2][1]
     print(f"comparator on {SHAPE[0]}x{SHAPE[1]} fp32 vs float64 ({n / 1e6:.1f}M elements), "
-          f"{metrics.numba_threads()} numba threads, best / median of {REPEATS}")
+          f"{metrics.numba_threads()} numba threads, best / median of {REPEATS}; torch's "
+          f"idle OpenMP threads: OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     for name, best, median in rows:
         print(f"  {name:42s} {best * 1e3:8.1f} ms  {median * 1e3:8.1f} ms  "
               f"{n / best / 1e6:8.1f} M elem/s  speed-up vs assert_close "
