@@ -21,7 +21,8 @@ call, and libgomp's default has its threads spin for some ms after it on the cor
 timed call then runs on. That timed the contention rather than the call: metrics fp32
 [7168, 4096] took 15.7 ms right after the sum against 10.0 ms alone (9.8 with the
 threads asleep; best of 12). The pass's threads take blocks as they come, so a thread
-that shares its core holds no call up alone; run with OMP_WAIT_POLICY=ACTIVE to see it.
+that shares its core holds no call up alone (15.7 -> 12.2 ms). To time it with libgomp's
+default: OMP_WAIT_POLICY= (empty; libgomp warns that it is invalid and keeps its default).
 """
 from __future__ import annotations
 
