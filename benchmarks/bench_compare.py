@@ -19,7 +19,7 @@ torch's OpenMP threads wait for their next op asleep here (OMP_WAIT_POLICY=PASSI
 the caller sets the policy): the floor is torch's sum, timed right before every other
 call, and libgomp's default has its threads spin for some ms after it on the cores the
 timed call then runs on. That timed the contention rather than the call: metrics fp32
-[7168, 4096] took 15.7 ms right after the sum against 10.0 ms alone (9.8 with the
+[7168, 4096] took 15.7 ms right after the sum against 10.2 ms alone (9.8 with the
 threads asleep; best of 12). The pass's threads take blocks as they come, so a thread
 that shares its core holds no call up alone (15.7 -> 12.2 ms). To time it with libgomp's
 default: OMP_WAIT_POLICY= (empty; libgomp warns that it is invalid and keeps its default).

@@ -2,12 +2,12 @@
 
 The pass runs a call a thread, each claiming the next block no thread has taken
 (metrics._make_pass), so its threads are plain Python threads that release the GIL
-while numba's code runs, rather than a parallel=True function: numba's parfor compilation of that function had cost a
-fresh machine about 13 s a pass variant. The calling thread takes t = 0 itself; the
-others come from one pool a process (made again after a fork, whose child has no
-threads), so a call pays no thread start. They are the comparator's, not a kernel's:
-own_threads() names them, so a run that reports the threads its kernels left running
-(isolation.lingering_threads) leaves these out."""
+while numba's code runs, rather than a parallel=True function: numba's parfor
+compilation of that function had cost a fresh machine about 13 s a pass variant. The
+calling thread takes t = 0 itself; the others come from one pool a process (made again
+after a fork, whose child has no threads), so a call pays no thread start. They are the
+comparator's, not a kernel's: own_threads() names them, so a run that reports the
+threads its kernels left running (isolation.lingering_threads) leaves these out."""
 from __future__ import annotations
 
 import os
