@@ -174,7 +174,7 @@ def test_a_correctly_rounded_block_is_its_own_floor(dtype, standard):
             for variant, args in ((kernel, (x,) + metrics._bits_of(x)), (floor, floor_args)):
                 out = np.zeros(metrics.N_SLOTS)
                 kept = np.zeros(len(g_np), np.uint32)
-                scratch = np.zeros(len(g_np))
+                scratch = np.zeros(len(g_np), np.uint32)  # the heat map's keys
                 assert not variant(*args, g_np, gb, 0, len(g_np), c, out, scratch,
                                    scratch.copy(), kept)
                 out[[metrics.EB_GT, metrics.EB_LT]] = 0  # counted against other casts

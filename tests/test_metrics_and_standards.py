@@ -124,7 +124,9 @@ def _block_slots(variant, a_np, g_np, c, keep=None):
     n = len(g_np)
     abits, aexp, aman = metrics._bits_of(a_np)
     out = np.zeros(metrics.N_SLOTS)
-    rels, tols, cells = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.uint32)
+    reference = variant in REFERENCES  # keeps its errors as float64, the pass as keys
+    errors = np.float64 if reference else np.uint32
+    rels, tols, cells = np.zeros(n, errors), np.zeros(n, errors), np.zeros(n, np.uint32)
     assert not variant(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c, out,
                        rels, tols, cells)  # finite, or NaN / Inf masked
     if keep is not None:
@@ -132,7 +134,19 @@ def _block_slots(variant, a_np, g_np, c, keep=None):
         k = metrics._special_spots(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), spots)
         metrics._settle_specials(out, spots, k, *(x if kept else x[:0] for x, kept in
                                                   zip((rels, tols, cells), keep)))
-    return np.concatenate([out, rels, tols, cells.astype(np.float64)]).view(np.int64)
+    if reference:
+        rels, tols = heat_keys(rels), heat_keys(tols)
+    return np.concatenate([out.view(np.int64), rels.astype(np.int64), tols.astype(np.int64),
+                           cells.astype(np.int64)])
+
+
+REFERENCES = (masked_block.masked_tols, masked_block.masked_rels, masked_block.masked_half_rels)
+
+
+def heat_keys(errors: np.ndarray) -> np.ndarray:
+    """The heat map's keys of errors 0 <= e <= 1e300, as the pass keeps them: the bits
+    over 2^31, rounded up."""
+    return ((errors.view(np.uint64) + np.uint64(0x7FFFFFFF)) >> np.uint64(31)).astype(np.uint32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64,
@@ -207,7 +221,7 @@ def test_the_floor_block_rounding_as_it_goes_is_the_one_over_the_rounded_golden(
         for variant, x in ((on_the_fly, g), (over_rounded, r)):
             out, cells = np.zeros(metrics.N_SLOTS), np.zeros(n, dtype=np.uint32)
             assert not variant(x, x.view(np.int64), exp, man, g, gbits, 0, n, c, out,
-                               np.zeros(n), np.zeros(n), cells)
+                               np.zeros(n, np.uint32), np.zeros(n, np.uint32), cells)
             slots.append(np.concatenate([out, cells.astype(np.float64)]).view(np.int64))
         assert (slots[0] == slots[1]).all()
         loud = slots[0][:metrics.N_SLOTS].view(np.float64)[metrics.N_CASE] < n
@@ -216,7 +230,8 @@ def test_the_floor_block_rounding_as_it_goes_is_the_one_over_the_rounded_golden(
     over[7] = vmax * 2
     assert metrics._floor_f32_cells(over, over.view(np.int64), exp, man, over,
                                       over.view(np.int64), 0, n, c, np.zeros(metrics.N_SLOTS),
-                                      np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.uint32))
+                                      np.zeros(n, np.uint32), np.zeros(n, np.uint32),
+                                      np.zeros(n, dtype=np.uint32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16,

@@ -306,3 +306,70 @@ def test_heat_map_values_keep_three_significant_digits():
     v[1, :6] = [-1.5, -np.inf, 1e23, 1e-23, 2.5e-22, 1.2345e22]
     want = [[float(f"{x:.3g}") for x in row] for row in v.tolist()]
     assert np.array_equal(np.array(three_digits(v)), np.array(want), equal_nan=True)
+
+
+def _pooled_by_reference(errors: np.ndarray, rows: int, cols: int) -> list:
+    """The heat map's cells from float64 errors, by NumPy: adaptive max pooling of each
+    row over min(cols, 32) windows, rows binned into min(rows, 32), to three digits."""
+    from verify.comparator.metrics import three_digits
+    gr, gc = min(rows, 32), min(cols, 32)
+    e = errors.reshape(rows, cols)
+    grid = np.zeros((gr, gc))
+    for w in range(gc):
+        s, t = w * cols // gc, -(-(w + 1) * cols // gc)
+        for i in range(gr):
+            r0, r1 = -(-i * rows // gr), -(-(i + 1) * rows // gr)
+            grid[i, w] = e[r0:r1, s:t].max()
+    return three_digits(grid)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16,
+                                   torch.float16])
+def test_a_heat_cell_on_a_rounding_to_three_digits_is_recomputed_exactly(dtype, monkeypatch):
+    """The pass keeps each error's heat-map key (its bits over 2^31, rounded up), and a
+    cell whose key's span straddles a rounding to three digits is recomputed from the
+    data. Cells whose largest error is put just under 1.235e-3 (relative error) or
+    1.235 (allclose's measure), 1e-9 of it below where float(f"{v:.3g}") turns up (the
+    key's span reaches past it), come out as the errors of the masked one-loop
+    reference (tests/masked_block.py, float64, NaN / Inf pairs 0 or 1e300) pooled by
+    NumPy give, 1.23e-3 and 1.23, and are the ones recomputed."""
+    import masked_block
+    from verify.comparator import metrics
+    rows, cols = 70, 100
+    gen = torch.Generator().manual_seed(4)
+    a = (torch.rand(rows, cols, generator=gen, dtype=torch.float64) + 0.5).to(dtype)
+    g = a.double() * (1 + 1e-6 * torch.randn(a.shape, generator=gen, dtype=torch.float64))
+    atol, rtol = 1e-5, 1.3e-6
+    flat_a, flat_g = a.view(-1), g.view(-1)
+    flat_a[[3, 5]], flat_g[[4, 5]] = float("nan"), float("nan")  # a mismatch, the same NaN
+    planted = [(10, 17), (40, 63), (69, 99)]
+    seen = []
+    real = metrics._exact_heat_cell
+    monkeypatch.setattr(metrics, "_exact_heat_cell",
+                        lambda *args: seen.append(args[-5:-1]) or real(*args))
+    for measure, t in (("rel", 1.235e-3 * (1 - 1e-9)), ("tol", 1.235 * (1 - 1e-9))):
+        for r, col in planted:  # a = 1.0 exactly; the golden solves err(a, g) = t
+            flat_a[r * cols + col] = 1.0
+            flat_g[r * cols + col] = (1.0 - t * 1e-7) / (1 + t) if measure == "rel" else \
+                (1.0 - t * atol) / (1 + t * rtol)
+        a_np = a.to(torch.float32).numpy() if dtype in (torch.bfloat16, torch.float16) \
+            else a.numpy()
+        g_np = g.numpy().reshape(-1)
+        a_flat = a_np.reshape(-1)
+        abits, aexp, aman = metrics._bits_of(a_flat)
+        c = metrics._constants(dtype, atol, rtol)
+        n = rows * cols
+        rels, tols = np.zeros(n), np.zeros(n)
+        variant = masked_block.masked_rels if measure == "rel" else masked_block.masked_tols
+        variant(a_flat, abits, aexp, aman, g_np, g_np.view(np.int64), 0, n, c,
+                np.zeros(metrics.N_SLOTS), rels, tols, np.zeros(n, np.uint32))
+        errors = rels if measure == "rel" else tols
+        seen.clear()
+        got = metrics.measure_all(a, g, dtype, atol=atol, rtol=rtol, heat=measure).heatmap
+        assert got["grid"] == _pooled_by_reference(errors, rows, cols), (dtype, measure)
+        cells = {(-(-i * rows // 32), w * cols // 32)  # each recomputed cell's first row
+                 for i, w in ((r * 32 // rows, col * 32 // cols) for r, col in planted)}
+        assert cells <= {(r0, c0) for r0, _, c0, _ in seen}, (dtype, measure, seen)
+        assert got["grid"][0][0] == 1e300  # the misplaced NaN
+        assert {got["grid"][i][w] for i, w in ((r * 32 // rows, col * 32 // cols)
+                                               for r, col in planted)} == {float(f"{t:.3g}")}

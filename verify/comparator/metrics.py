@@ -275,6 +275,20 @@ def _cell_of(rel):
     return np.uint32((np.uint64(_bits(rel)) - np.uint64(1)) >> np.uint64(CELL_SHIFT))
 
 
+HEAT_KEY_SHIFT = 31  # a heat-map key keeps an error's bits over 2^31, rounded up
+
+
+@njit(inline="always")
+def _heat_key(v):
+    """The heat map's 4-byte key of a kept error 0 <= v <= 1e300: its bits over 2^31,
+    rounded up. Monotone, so a window's largest key is its largest error's, and 0 for 0
+    alone; that error's bits lie in ((key - 1) 2^31, key 2^31] (_heat_cells, which
+    recomputes a cell exactly only where that span straddles a rounding to three
+    digits). A float64 error a block, stored and read back, spilled the block out of L2:
+    the heat map took an fp32 [7168, 4096] compare 5.6-6.0 ms, with keys 3.1-3.4."""
+    return np.uint32((np.uint64(_bits(v)) + np.uint64(0x7FFFFFFF)) >> np.uint64(HEAT_KEY_SHIFT))
+
+
 @njit(inline="always", fastmath=_FAST)
 def _ulp_error(d, gb, mant_bits, floor_bits):
     """msprobe's ULP error d * 2^(mant - max(e, min_exp)) of an error d against a golden of
@@ -313,7 +327,7 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
                 ten_thousandth_in_loop: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
-    (``keep_tols``, a heat map of that), and each relative error's histogram table cell
+    (``keep_tols``, a heat map of that), each as its 4-byte key (_heat_key), and each relative error's histogram table cell
     (``keep_cells``, for the histogram's count, which then reads 4 bytes an element and
     looks up one table: 0.51 ns an element, from the errors themselves 0.83); none for
     metrics alone. ``eb_half``: msprobe's error balance against the golden cast to IEEE
@@ -442,11 +456,11 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             # 1e300, as a NaN / Inf placement mismatch's (_settle_specials)
             kept = rel if rel < 1e300 else 1e300
             if keep_rels:  # constants of the closure: a variant without stores has none
-                rels[np.uint64(j - lo)] = kept
+                rels[np.uint64(j - lo)] = _heat_key(kept)
             if keep_cells:
                 cells[np.uint64(j - lo)] = _cell_of(rel)
             if keep_tols:
-                tols[np.uint64(j - lo)] = tol if tol < 1e300 else 1e300
+                tols[np.uint64(j - lo)] = _heat_key(tol if tol < 1e300 else 1e300)
         if top_a == aexp or top_g == _F64_EXP:
             return True
         n = np.float64(hi - lo)
@@ -738,10 +752,11 @@ _ROW_MAXIMA_MOST = 2048  # the widest rows whose column maxima _heat_range keeps
 
 @njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
 def _heat_range(vals, first, rows, cols, starts, ends, grid):
-    """Adds vals (the errors of elements first, first + 1, ... of a rows x cols tensor)
-    to the heat map's maxima: grid[i, w] is the largest error in the rows with
-    row * n_row_bins // rows == i and the columns of window w, [starts[w], ends[w]) (the
-    windows of adaptive max pooling, which overlap when they do not divide cols)."""
+    """Adds vals (the errors' keys, _heat_key, of elements first, first + 1, ... of a
+    rows x cols tensor) to the heat map's maxima: grid[i, w] is the largest key in the
+    rows with row * n_row_bins // rows == i and the columns of window w, [starts[w],
+    ends[w]) (the windows of adaptive max pooling, which overlap when they do not divide
+    cols)."""
     gr, gc = grid.shape[0], grid.shape[1]
     m = vals.shape[0]
     last = first + m
@@ -750,27 +765,27 @@ def _heat_range(vals, first, rows, cols, starts, ends, grid):
         # maximum, then the windows over those column maxima. Window by window (below),
         # narrow windows made the heat map 2.1 of 8.6 ms of a bf16 [2, 4096, 8, 64]
         # output's plot data (windows of 2), 0.67 of 2.4 of an fp32 [1024, 1024] one's
-        colmax = np.zeros(cols)
+        colmax = np.zeros(cols, dtype=np.uint32)
         k = first
         while k < last:
             i = (k // cols) * gr // rows
             e = min(last, (((i + 1) * rows + gr - 1) // gr) * cols)  # row bin i's end
             if cols < 64:  # narrow rows: a strided walk per column
                 for col in range(cols):
-                    top = 0.0
+                    top = np.uint32(0)
                     for j in range(k + (col - k % cols) % cols, e, cols):
-                        top = _fmax(top, vals[np.uint64(j - first)])
+                        top = max(top, vals[np.uint64(j - first)])
                     colmax[col] = top
             else:  # row by row, one vectorised max of the row into the columns'
-                colmax[:] = 0.0
+                colmax[:] = 0
                 j = k
                 while j < e:
                     c0 = j % cols
                     c1 = min(cols, c0 + (e - j))
                     at = j - first - c0  # vals index of this row's column 0
                     for col in range(c0, c1):
-                        colmax[np.uint64(col)] = _fmax(colmax[np.uint64(col)],
-                                                       vals[np.uint64(at + col)])
+                        colmax[np.uint64(col)] = max(colmax[np.uint64(col)],
+                                                     vals[np.uint64(at + col)])
                     j += c1 - c0
             _flush_columns(colmax, starts, ends, grid[i])
             k = e
@@ -785,9 +800,9 @@ def _heat_range(vals, first, rows, cols, starts, ends, grid):
         for w in range(gc):
             s, e = max(starts[w], c0), min(ends[w], c1)
             if s < e:
-                top = 0.0
+                top = np.uint32(0)
                 for col in range(s, e):
-                    top = _fmax(top, vals[np.uint64(at + col)])
+                    top = max(top, vals[np.uint64(at + col)])
                 grid[i, w] = max(grid[i, w], top)
         done += c1 - c0
 
@@ -1134,6 +1149,7 @@ def _special_spots(x, xbits, xexp, xman, g, gbits, spots):
 
 _FAR = 1e300  # the error kept for a placement mismatch: larger than any other
 _FAR_CELL = np.uint32((np.float64(_FAR).view(np.int64) - 1) >> CELL_SHIFT)  # _cell_of(_FAR)
+_FAR_KEY = np.uint32((np.float64(_FAR).view(np.int64) + 0x7FFFFFFF) >> HEAT_KEY_SHIFT)  # _heat_key
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -1142,16 +1158,17 @@ def _settle_specials(out, spots, k, rels, tols, cells):
     _special_spots) made the block's own: its k NaN / Inf pairs counted as such rather than
     as pairs of zeros (each had added one to the finite pairs, the small values and every
     within-tolerance count), and a placement mismatch's kept error the largest (an equal NaN
-    / Inf's is 0, as the zeros gave). rels, tols, cells: empty when not kept."""
+    / Inf's is 0, as the zeros gave). rels, tols (their heat-map keys), cells: empty when
+    not kept."""
     bad = 0.0
     for m in range(k):
         if spots[m] & 1:
             bad += 1.0
             j = spots[m] >> 1
             if rels.shape[0]:
-                rels[j] = _FAR
+                rels[j] = _FAR_KEY
             if tols.shape[0]:
-                tols[j] = _FAR
+                tols[j] = _FAR_KEY
             if cells.shape[0]:
                 cells[j] = _FAR_CELL
     for slot in (N, N_SMALL, N_OK_1E2, N_OK_1E3, N_OK_1E4, N_V2, N_CASE):
@@ -1189,8 +1206,8 @@ def _make_pass(eb_half: bool):
         the chunk's first element, the tensor's rows and columns, and 1 when the heat
         map shows allclose's d / (atol + rtol |g|) rather than the relative error.
         Each thread takes the next block no thread has taken (``next_block``, a counter
-        all share, _claim) with buffers of its own (rels, tols, the rounded golden,
-        msprobe's cast golden; the errors' table cells; the histogram's flagged elements
+        all share, _claim) with buffers of its own (the rounded golden, msprobe's cast
+        golden; the errors' table cells and heat-map keys; the histogram's flagged elements
         and a block's NaN / Inf spots), made once per call: a fresh 512 KiB array per
         block was a fresh mapping, paid for in page faults. Every figure is kept per block
         and combined in block order, so which thread took a block changes nothing. Taken
@@ -1321,11 +1338,11 @@ def _make_pass(eb_half: bool):
             start = _cycles() if trial else 0
             lo = b * BLOCK
             hi = min(lo + BLOCK, n)
-            rels = scratch[t, 0, :hi - lo]
-            tols = scratch[t, 1, :hi - lo]
-            r = scratch[t, 2, :hi - lo]
-            cast = scratch[t, 3, :hi - lo]
-            kept = cells_of[t, :hi - lo]
+            r = scratch[t, 0, :hi - lo]
+            cast = scratch[t, 1, :hi - lo]
+            kept = cells_of[t, 0, :hi - lo]
+            rels = cells_of[t, 1, :hi - lo]  # the heat map's keys
+            tols = cells_of[t, 2, :hi - lo]
             ob = out[b]
             if touch_first and try_clean:  # the masked twin's slower loop keeps up
                 sink |= _touch(a16[lo:hi], gbits[lo:hi]) if upcast \
@@ -1405,7 +1422,7 @@ def _make_pass(eb_half: bool):
                     _eb_of_block(r, g, gbits, lo, hi, rp_eb, ofb, False, eb[b, 2:4],
                                  cast, r[:0], _UNSETTLED)
             try_clean = clean
-        scratch[t, 0, 0] = np.float64(sink & 1)  # rels' buffer, which nothing reads after
+        cells_of[t, 1, 0] = np.uint32(sink & 1)  # rels' keys, which nothing reads after
 
     return _pass
 
@@ -1753,13 +1770,13 @@ _FLOOR_KINDS = {torch.float32: ROUND_F32, torch.bfloat16: ROUND_BF16,
 
 
 def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
-    """The pass's per-thread buffers: errors, rounded and cast golden (4 x width float64);
-    the histogram's flagged elements (and a block's NaN / Inf spots); the errors' table
-    cells; and the float32 block a bf16 / fp16 output is upcast into (``upcast``; else
-    an empty one of the actual's ``dtype``, so that both branches type alike). Full-block
-    ones (5.5 MiB on 2 threads) are kept for the calling thread's next call rather than
-    allocated again by every compare of an output of a block or more (a run compares
-    thousands)."""
+    """The pass's per-thread buffers: rounded and cast golden (2 x width float64); the
+    histogram's flagged elements (and a block's NaN / Inf spots); the errors' table cells
+    and the heat map's keys of rels and tols (3 x width uint32); and the float32 block a
+    bf16 / fp16 output is upcast into (``upcast``; else an empty one of the actual's
+    ``dtype``, so that both branches type alike). Full-block ones (4.5 MiB on 2 threads)
+    are kept for the calling thread's next call rather than allocated again by every
+    compare of an output of a block or more (a run compares thousands)."""
     kept = {}
     if width == BLOCK:
         kept = getattr(_BUFFERS, "full", None)
@@ -1767,9 +1784,9 @@ def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
             kept = _BUFFERS.full = {}
     shape = (n_threads, width)
     if "scratch" not in kept:
-        kept.update(scratch=np.empty((n_threads, 4, width)),
+        kept.update(scratch=np.empty((n_threads, 2, width)),
                     flagged=np.empty(shape, dtype=np.int64),
-                    cells=np.empty(shape, dtype=np.uint32))
+                    cells=np.empty((n_threads, 3, width), dtype=np.uint32))
     if upcast and "upcast" not in kept:
         kept["upcast"] = np.empty(shape, dtype=np.float32)
     up = kept["upcast"] if upcast else np.empty((n_threads, 0), dtype=dtype)
@@ -1811,13 +1828,13 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     heat = heat if hist and len(shape) >= 2 and total else None
     cols = shape[-1] if heat else 1
     rows = total // cols if heat else 1
-    grid = np.zeros((min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1))
+    grid_shape = (min(rows, HEAT_GRID), min(cols, HEAT_GRID)) if heat else (1, 1)
     # the pass compiled for fp16's half cast of msprobe's EB or not; what it keeps, as flags
     pass_ = _make_pass(bool(rp_eb[0] == 11.0))
     keep = _KEEP_FLAGS[heat or ("hist" if hist else "none")]
-    starts, ends = _pool_windows(cols, grid.shape[1])
-    # per thread: the block's errors (rels, tols), the rounded golden, msprobe's cast
-    # golden and the histogram's flagged elements, reused by every block the thread takes
+    starts, ends = _pool_windows(cols, grid_shape[1])
+    # per thread: the rounded golden, msprobe's cast golden, the histogram's flagged
+    # elements, the errors' cells and heat-map keys, reused by every block it takes
     n_threads = max(1, min(numba.get_num_threads(), -(-total // BLOCK)))
     up = a.dtype in (torch.bfloat16, torch.float16)
     scratch, flagged, kept_cells, up_buf = _buffers(
@@ -1836,7 +1853,7 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
     parts_f = np.empty((n_blocks if floor else 0, N_SLOTS))
     hist_blocks = np.zeros((n_blocks if hist else 0, 2, N_BINS + 3), dtype=np.int64)
     eb_blocks = np.zeros((n_blocks, 4), dtype=np.int64)
-    heat_threads = np.zeros((n_threads if heat else 0,) + grid.shape)
+    heat_threads = np.zeros((n_threads if heat else 0,) + grid_shape, dtype=np.uint32)
     where = np.array([0, rows, cols, heat == "tol"], dtype=np.int64)
     run_per_thread(pass_, n_threads, a_np, abits, aexp, aman, g_np, g_np.view(np.int64), c,
                    rp, rp_eb, parts, parts_f, hist_blocks, eb_blocks, _HIST_CELLS,
@@ -1844,8 +1861,6 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
                    scratch, kept_cells, flagged, _FLOOR_KINDS.get(dtype, 0) if floor else 0,
                    a16, up_buf, _bits_of(up_buf)[0], a.dtype == torch.float16, _touch_of(),
                    keep, np.zeros(1, dtype=np.int64))
-    if heat:
-        np.maximum(grid, heat_threads.max(axis=0), out=grid)
     hists = hist_blocks.sum(axis=0)
     eb_a = [int(eb_blocks[:, 0].sum()), int(eb_blocks[:, 1].sum())]
     eb_f = [int(eb_blocks[:, 2].sum()), int(eb_blocks[:, 3].sum())]
@@ -1862,8 +1877,10 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
             histogram["floor"] = _hist_dict(hists[1])
     heatmap = None
     if heat:
-        heatmap = {"rows": rows, "cols": cols,
-                   "grid": three_digits(grid),
+        cells = _heat_cells(heat_threads.max(axis=0), (a_np, abits, aexp, aman, a16,
+                            a.dtype == torch.float16, g_np, c), heat == "tol", rows, cols,
+                            starts, ends)
+        heatmap = {"rows": rows, "cols": cols, "grid": cells.tolist(),
                    "measure": "d/(atol+rtol|g|)" if heat == "tol" else "d/(|g|+1e-7)"}
     return Measured(m_a, m_f, histogram, heatmap)
 
@@ -1895,7 +1912,12 @@ def _three_digits_into(v, tens, out, slow):
 
 def three_digits(grid) -> list[list[float]]:
     """The heat map's cells as stored: each value to 3 significant digits, exactly what
-    float(f"{v:.3g}") gives: compiled for the values a scaled integer vouches for, the
+    float(f"{v:.3g}") gives (_three_digits_of)."""
+    return _three_digits_of(grid).tolist()
+
+
+def _three_digits_of(grid) -> np.ndarray:
+    """three_digits as an array: compiled for the values a scaled integer vouches for, the
     rest through the string (NumPy's dozen array operations took 0.07-0.1 ms a grid, a
     third of a small output's compare)."""
     v = np.ascontiguousarray(grid, dtype=np.float64)
@@ -1905,7 +1927,73 @@ def three_digits(grid) -> list[list[float]]:
     _three_digits_into(flat, _EXACT_TENS, out, slow)
     for i in np.flatnonzero(slow):
         out[i] = float(f"{flat[i]:.3g}")
-    return out.reshape(v.shape).tolist()
+    return out.reshape(v.shape)
+
+
+def _heat_cells(keys: np.ndarray, data: tuple, by_tol: bool, rows: int, cols: int,
+                starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The heat map's cells to three digits from the largest key in each (_heat_key): the
+    cell's error lies in ((key - 1) 2^31, key 2^31] as bits, and where both ends round to
+    the same three digits that is the cell's (rounding is monotone). A cell whose span
+    straddles a rounding (about one in 2^20 / 10^3 of random errors) is recomputed from
+    the data, exactly as the pass keeps its errors (_exact_heat_cell). ``data``: the
+    actual as the pass reads it (values, bits, exponent and significand masks, bf16 /
+    fp16 bits, whether IEEE half), the golden and the constants."""
+    k = keys.astype(np.int64)
+    top = np.minimum((k << HEAT_KEY_SHIFT).view(np.float64), _FAR)
+    bottom = np.minimum(np.where(k > 0, ((k - 1) << HEAT_KEY_SHIFT) + 1, 0).view(np.float64),
+                        _FAR)
+    cells = _three_digits_of(top)
+    gr, gc = keys.shape
+    a_np, abits, aexp, aman, a16, half, g_np, c = data
+    for cell in np.flatnonzero(_three_digits_of(bottom) != cells):
+        i, w = divmod(int(cell), gc)
+        exact = _exact_heat_cell(a_np, abits, aexp, aman, a16, half, g_np,
+                                 g_np.view(np.int64), c, by_tol, (i * rows + gr - 1) // gr,
+                                 ((i + 1) * rows + gr - 1) // gr, int(starts[w]),
+                                 int(ends[w]), cols)
+        cells[i, w] = _three_digits_of(np.array([exact]))[0]
+    return cells
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST, error_model="numpy")
+def _exact_heat_cell(a, abits, aexp, aman, a16, half, g, gbits, c, by_tol, r0, r1, c0, c1,
+                     cols):
+    """The largest kept error over rows [r0, r1) and columns [c0, c1) of a tensor cols
+    wide, as the block loop keeps it (the same arithmetic, under the same fast-math
+    flags): d / (|g| + 1e-7) or (``by_tol``) d / (atol + rtol |g|), at most 1e300; a
+    NaN / Inf pair's 0 where it is the same NaN or signed Inf, else _FAR
+    (_special_spots, _settle_specials). The actual: a (its bits abits), or (a16 not
+    empty) the bf16 / ``half`` bits, upcast as the pass does."""
+    eps_cann, atol, rtol = c[C_EPS_CANN], c[C_ATOL], c[C_RTOL]
+    upcast = a16.shape[0] > 0
+    top = 0.0
+    for r in range(r0, r1):
+        for col in range(c0, c1):
+            i = r * cols + col
+            gv, gb = g[i], gbits[i]
+            if upcast:
+                x32 = _f32_of_16(a16[i], True) if half else _f32_of_16(a16[i], False)
+                av, xb = np.float64(x32), np.int64(_bits(x32))
+            else:
+                av, xb = np.float64(a[i]), np.int64(abits[i])
+            if _special(xb, aexp, gb):
+                x_spec, g_spec = (xb & aexp) == aexp, (gb & _F64_EXP) == _F64_EXP
+                x_nan, g_nan = x_spec and (xb & aman) != 0, g_spec and (gb & _F64_MAN) != 0
+                same = (x_nan and g_nan) or (x_spec and g_spec and not x_nan and not g_nan
+                                              and (xb < 0) == (gb < 0))
+                v = 0.0 if same else _FAR
+            else:
+                d = abs(av - gv)
+                ag = abs(gv)
+                if by_tol:
+                    allowed = atol + rtol * ag
+                    v = d / _fmax(allowed, 1e-300)
+                else:
+                    v = d / (ag + eps_cann)
+                v = v if v < 1e300 else 1e300
+            top = max(top, v)
+    return top
 
 
 def _eb_ratio(counts: list[int], total: int) -> float:
