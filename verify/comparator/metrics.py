@@ -1032,20 +1032,41 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
     holds a bin edge (or touches one) is binned exactly from the element itself
     (_exact_code), afterwards. ``kind`` (a ROUND_ kind, else 0): x is not read, the
     element is g[lo + j] rounded so (the floor's, rounded on the fly)."""
-    quad = np.zeros(4 * 256, dtype=np.int64)  # four sets: equal codes do not queue
+    q0, q1 = np.zeros(256, dtype=np.int64), np.zeros(256, dtype=np.int64)  # four sets:
+    q2, q3 = np.zeros(256, dtype=np.int64), np.zeros(256, dtype=np.int64)  # no queueing
     n_flagged = 0
-    for j in range(kept.shape[0]):
+    m = kept.shape[0]
+    # four elements a step, each into its own set (one test for a FLAG among them): the
+    # set's offset no longer computed per element: 0.426-0.453 -> 0.362-0.383 ns an
+    # element (one thread, a block in cache, side by side)
+    for s in range(m >> 2):
+        j = np.uint64(4 * s)
+        k0 = np.int64(table[np.uint64(kept[j])])
+        k1 = np.int64(table[np.uint64(kept[j + np.uint64(1)])])
+        k2 = np.int64(table[np.uint64(kept[j + np.uint64(2)])])
+        k3 = np.int64(table[np.uint64(kept[j + np.uint64(3)])])
+        q0[np.uint64(k0)] += 1
+        q1[np.uint64(k1)] += 1
+        q2[np.uint64(k2)] += 1
+        q3[np.uint64(k3)] += 1
+        if (k0 == FLAG) | (k1 == FLAG) | (k2 == FLAG) | (k3 == FLAG):  # rare (under 1%
+            # of the elements of a rounding's errors)
+            for e, k in ((0, k0), (1, k1), (2, k2), (3, k3)):
+                if k == FLAG:
+                    flagged[np.uint64(n_flagged)] = 4 * s + e
+                    n_flagged += 1
+    for j in range(m & ~3, m):  # the last few
         code = np.int64(table[np.uint64(kept[np.uint64(j)])])
-        quad[np.uint64((j & 3) * 256 + code)] += 1
-        if code == FLAG:  # rare (under 1% of the elements of a rounding's errors)
+        q0[np.uint64(code)] += 1
+        if code == FLAG:
             flagged[np.uint64(n_flagged)] = j
             n_flagged += 1
     for f in range(n_flagged):
         j = np.uint64(flagged[np.uint64(f)])
         gv = g[np.uint64(lo) + j]
         xv = _rounded(gv, kind) if kind else np.float64(x[np.uint64(lo) + j])
-        quad[np.uint64(_exact_code(xv, gv, base, t1, t2))] += 1
-    counts = quad[0:256] + quad[256:512] + quad[512:768] + quad[768:1024]
+        q0[np.uint64(_exact_code(xv, gv, base, t1, t2))] += 1
+    counts = q0 + q1 + q2 + q3
     for k in range(N_BINS_):
         out[k] += counts[k + 1]
     out[N_BINS_] += counts[ZERO_CODE]
