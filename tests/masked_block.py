@@ -5,7 +5,7 @@ import numpy as np
 from numba import njit
 
 from verify.comparator.metrics import (  # noqa: F401
-    _FAST, _F64_EXP, _F64_MAN, CELL_BITS, ZERO_CELL, _as_float, _bits, _fmax, _half_of_bits,
+    _FAST, _F64_EXP, _F64_MAN, _as_float, _bits, _fmax, _half_of_bits,
     _ulp_error, C_EPS_CANN, C_EPS_MS, C_SMALL, C_SMALL_ATOL, C_MANT, C_MIN_EXP, C_V2_ATOL,
     C_V2_RTOL, C_ATOL, C_RTOL, C_ABS_RTOL, C_THOU_ATOL, C_EPS_ABS, N, NONFINITE_BAD,
     SPECIAL_EQ, SUM_REL, MAX_REL_CANN, ARG_REL, MAX_ABS, ARG_ABS, SUM_SQ, DOT, AA, GG,
@@ -120,11 +120,10 @@ def masked_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bo
             kept = (rel if rel < 1e300 else 1e300) if f > 0.5 else special
             if keep_rels:  # constants of the closure: a variant without stores has none
                 rels[np.uint64(j - lo)] = kept
-            if keep_cells:  # the table cell: exponent and top significand bits of the
-                # error's bits less one (unsigned), 0 its own (ZERO_CELL, past the others)
-                cell_of = rel if f > 0.5 else special
+            if keep_cells:  # the histogram's (and the heat map's) key of the kept error:
+                # its bits over 2^31, rounded up
                 cells[np.uint64(j - lo)] = np.uint32(
-                    (np.uint64(_bits(cell_of)) - np.uint64(1)) >> np.uint64(52 - CELL_BITS))
+                    (np.uint64(_bits(kept)) + np.uint64(2 ** 31 - 1)) >> np.uint64(31))
             if keep_tols:
                 tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
         out[N] = n

@@ -262,20 +262,21 @@ CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells fo
 # positive floats and as many past them, where only the zero's is used (a 1 MiB table, of
 # which a block touches the few lines its errors fall in)
 CELL_SHIFT = 52 - CELL_BITS
-ZERO_CELL = (1 << (12 + CELL_BITS)) - 1  # an error of 0's cell (_cell_of), past the others
+HEAT_KEY_SHIFT = 31  # a heat-map key keeps an error's bits over 2^31, rounded up
+N_CELLS = 1 << (11 + CELL_BITS)  # the positive floats' cells
+ZERO_CELL = N_CELLS - 1  # an error of 0's table entry (_cell_index), below theirs
 
 
 @njit(inline="always")
-def _cell_of(rel):
-    """The histogram table cell of a relative error rel >= 0: its bits less one, shifted
-    (unsigned), so that cell k holds the bits (k 2^44, (k + 1) 2^44], an error of 0 falls
-    in a cell of its own (ZERO_CELL) and +inf in the last finite one (over the bins): no
-    test for 0 and no clamp, which took an fp32 block with allclose's heat map 1.45 ns
-    an element, 1.35 without (one thread, a block in cache)."""
-    return np.uint32((np.uint64(_bits(rel)) - np.uint64(1)) >> np.uint64(CELL_SHIFT))
-
-
-HEAT_KEY_SHIFT = 31  # a heat-map key keeps an error's bits over 2^31, rounded up
+def _cell_index(key):
+    """The histogram table entry of a relative error's key (_heat_key): N_CELLS + its
+    cell k, which holds the errors whose bits lie in (k 2^44, (k + 1) 2^44] (the key's
+    (key - 1) >> 13, exactly: the key's span lies within one cell), and an error of 0
+    (key 0) at ZERO_CELL, by the wraparound of key - 1: no test for 0 and no clamp,
+    which took an fp32 block with allclose's heat map 1.45 ns an element, 1.35 without
+    (one thread, a block in cache). The key is both the heat map's and the histogram's:
+    one 4-byte store an element for both."""
+    return (np.uint64(key) + np.uint64(0xFFFFFFFF)) >> np.uint64(CELL_SHIFT - HEAT_KEY_SHIFT)
 
 
 @njit(inline="always")
@@ -327,9 +328,11 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
                 ten_thousandth_in_loop: bool = False):
     """The block pass, compiled once per set of per-element errors kept for the plot data:
     the relative errors (``keep_rels``, a heat map of them) or allclose's measure
-    (``keep_tols``, a heat map of that), each as its 4-byte key (_heat_key), and each relative error's histogram table cell
-    (``keep_cells``, for the histogram's count, which then reads 4 bytes an element and
-    looks up one table: 0.51 ns an element, from the errors themselves 0.83); none for
+    (``keep_tols``, a heat map of that), each as its 4-byte key (_heat_key), and each
+    relative error's histogram table cell (``keep_cells``: the same key, which the
+    relative errors' heat map then reads, for the histogram's count, which then reads 4
+    bytes an element and looks up one table: 0.51 ns an element, from the errors
+    themselves 0.83); none for
     metrics alone. ``eb_half``: msprobe's error balance against the golden cast to IEEE
     half (fp16 outputs) rather than float32; counted in a pass of its own over the
     golden, fp16's metrics took 64 ms at [7168, 4096], in the block pass 45-50 (measured
@@ -455,10 +458,12 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             # per element, for the histogram and the heat map: any error beyond 1e300 is
             # 1e300, as a NaN / Inf placement mismatch's (_settle_specials)
             kept = rel if rel < 1e300 else 1e300
-            if keep_rels:  # constants of the closure: a variant without stores has none
-                rels[np.uint64(j - lo)] = _heat_key(kept)
+            # constants of the closure: a variant without stores has none. The relative
+            # error's key is the histogram's (_cell_index) and its heat map's: one store
             if keep_cells:
-                cells[np.uint64(j - lo)] = _cell_of(rel)
+                cells[np.uint64(j - lo)] = _heat_key(kept)
+            elif keep_rels:
+                rels[np.uint64(j - lo)] = _heat_key(kept)
             if keep_tols:
                 tols[np.uint64(j - lo)] = _heat_key(tol if tol < 1e300 else 1e300)
         if top_a == aexp or top_g == _F64_EXP:
@@ -1041,10 +1046,10 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
     # element (one thread, a block in cache, side by side)
     for s in range(m >> 2):
         j = np.uint64(4 * s)
-        k0 = np.int64(table[np.uint64(kept[j])])
-        k1 = np.int64(table[np.uint64(kept[j + np.uint64(1)])])
-        k2 = np.int64(table[np.uint64(kept[j + np.uint64(2)])])
-        k3 = np.int64(table[np.uint64(kept[j + np.uint64(3)])])
+        k0 = np.int64(table[_cell_index(kept[j])])
+        k1 = np.int64(table[_cell_index(kept[j + np.uint64(1)])])
+        k2 = np.int64(table[_cell_index(kept[j + np.uint64(2)])])
+        k3 = np.int64(table[_cell_index(kept[j + np.uint64(3)])])
         q0[np.uint64(k0)] += 1
         q1[np.uint64(k1)] += 1
         q2[np.uint64(k2)] += 1
@@ -1056,7 +1061,7 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
                     flagged[np.uint64(n_flagged)] = 4 * s + e
                     n_flagged += 1
     for j in range(m & ~3, m):  # the last few
-        code = np.int64(table[np.uint64(kept[np.uint64(j)])])
+        code = np.int64(table[_cell_index(kept[np.uint64(j)])])
         q0[np.uint64(code)] += 1
         if code == FLAG:
             flagged[np.uint64(n_flagged)] = j
@@ -1169,7 +1174,6 @@ def _special_spots(x, xbits, xexp, xman, g, gbits, spots):
 
 
 _FAR = 1e300  # the error kept for a placement mismatch: larger than any other
-_FAR_CELL = np.uint32((np.float64(_FAR).view(np.int64) - 1) >> CELL_SHIFT)  # _cell_of(_FAR)
 _FAR_KEY = np.uint32((np.float64(_FAR).view(np.int64) + 0x7FFFFFFF) >> HEAT_KEY_SHIFT)  # _heat_key
 
 
@@ -1191,7 +1195,7 @@ def _settle_specials(out, spots, k, rels, tols, cells):
             if tols.shape[0]:
                 tols[j] = _FAR_KEY
             if cells.shape[0]:
-                cells[j] = _FAR_CELL
+                cells[j] = _FAR_KEY
     for slot in (N, N_SMALL, N_OK_1E2, N_OK_1E3, N_OK_1E4, N_V2, N_CASE):
         out[slot] -= k
     out[NONFINITE_BAD] = bad
@@ -1362,7 +1366,8 @@ def _make_pass(eb_half: bool):
             r = scratch[t, 0, :hi - lo]
             cast = scratch[t, 1, :hi - lo]
             kept = cells_of[t, 0, :hi - lo]
-            rels = cells_of[t, 1, :hi - lo]  # the heat map's keys
+            # the heat map's keys: the relative errors' are the cells' (_cell_index)
+            rels = kept if keep_cells else cells_of[t, 1, :hi - lo]
             tols = cells_of[t, 2, :hi - lo]
             ob = out[b]
             if touch_first and try_clean:  # the masked twin's slower loop keeps up
@@ -1593,12 +1598,12 @@ _HIST_BASE, _HIST_T1, _HIST_T2 = _histogram_tables()
 
 
 def _cell_table() -> np.ndarray:
-    """The histogram code of each table cell (_cell_of: the positive float64s whose bits
+    """The histogram code of each table cell (_cell_index: the positive float64s whose bits
     less one share an exponent and top CELL_BITS significand bits), FLAG where the cell
     holds a bin edge or borders one (so that no element within an ulp of an edge is
     binned by the table), from the exact bins (_HIST_BASE / T1 / T2, drawn from log10
-    itself); ZERO_CODE at ZERO_CELL, past the positive floats' cells."""
-    n = 1 << (11 + CELL_BITS)
+    itself); ZERO_CODE at ZERO_CELL, below the positive floats' cells."""
+    n = N_CELLS
     idx = np.arange(n, dtype=np.int64)
     step = np.int64(1) << CELL_SHIFT
     first = idx * step + 1  # the bits of the cell's smallest value, and of its largest
@@ -1617,8 +1622,8 @@ def _cell_table() -> np.ndarray:
     boundary = hi[:-1] != lo[1:]  # an edge where one cell ends and the next begins
     cells[np.r_[False, boundary] | np.r_[boundary, False]] = FLAG
     cells[field == 2047] = OVER_CODE  # NaN bit patterns: never stored
-    table = np.full(ZERO_CELL + 1, OVER_CODE, dtype=np.uint8)  # past the positive floats:
-    table[:n] = cells  # negative bits, never stored, and the zero's cell
+    table = np.full(2 * N_CELLS, OVER_CODE, dtype=np.uint8)  # below the positive floats'
+    table[N_CELLS:] = cells  # cells (_cell_index): the zero's, the others never used
     table[ZERO_CELL] = ZERO_CODE
     return table
 
