@@ -323,17 +323,15 @@ RATIOS_ALL, RATIOS_TRIMMED, RATIOS_TEN_THOUSANDTH = 1, 2, 3
 _EB_TIE = float(1 << 20)  # a tie's weight in a half block's error balance counts (> BLOCK)
 
 
-def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bool,
-                floor_of: int = 0, masked: bool = False,
-                ten_thousandth_in_loop: bool = False):
-    """The block pass, compiled once per set of per-element errors kept for the plot data:
-    the relative errors (``keep_rels``, a heat map of them) or allclose's measure
-    (``keep_tols``, a heat map of that), each as its 4-byte key (_heat_key), and each
-    relative error's histogram table cell (``keep_cells``: the same key, which the
-    relative errors' heat map then reads, for the histogram's count, which then reads 4
-    bytes an element and looks up one table: 0.51 ns an element, from the errors
-    themselves 0.83); none for
-    metrics alone. ``eb_half``: msprobe's error balance against the golden cast to IEEE
+def _make_block(keep_tols: bool, keep_cells: bool, eb_half: bool, floor_of: int = 0,
+                masked: bool = False, ten_thousandth_in_loop: bool = False):
+    """The block pass, compiled once per set of per-element errors kept for the plot data,
+    each as its 4-byte key (_heat_key): the relative errors' (``keep_cells``: the
+    histogram's table cells, _cell_index, and the relative errors' heat map, so the
+    histogram's count reads 4 bytes an element and looks up one table: 0.51 ns an element,
+    from the errors themselves 0.83) and allclose's measure's too (``keep_tols``, its heat
+    map); none for metrics alone. The ``rels`` argument is not written: the relative
+    errors' keys are the cells. ``eb_half``: msprobe's error balance against the golden cast to IEEE
     half (fp16 outputs) rather than float32; counted in a pass of its own over the
     golden, fp16's metrics took 64 ms at [7168, 4096], in the block pass 45-50 (measured
     when it moved there). Counted from the ULP error the loop has anyway, for an actual on
@@ -462,8 +460,6 @@ def _make_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: boo
             # error's key is the histogram's (_cell_index) and its heat map's: one store
             if keep_cells:
                 cells[np.uint64(j - lo)] = _heat_key(kept)
-            elif keep_rels:
-                rels[np.uint64(j - lo)] = _heat_key(kept)
             if keep_tols:
                 tols[np.uint64(j - lo)] = _heat_key(tol if tol < 1e300 else 1e300)
         if top_a == aexp or top_g == _F64_EXP:
@@ -729,25 +725,25 @@ def _sparse_loud_counts(a, g, gbits, lo, hi, c, out, ok4_big, n_small):
 # golden cast to half and whose loop counts the ten-thousandth. Module globals, so that a
 # pass calling them is cached (numba caches no function that holds a compiled one in a
 # closure)
-_block_tols = _make_block(False, True, True, False)
-_block_rels = _make_block(True, False, True, False)
-_block_cells = _make_block(False, False, True, False)
-_block_metrics = _make_block(False, False, False, False)
-_half_block_tols = _make_block(False, True, True, True, ten_thousandth_in_loop=True)
-_half_block_rels = _make_block(True, False, True, True, ten_thousandth_in_loop=True)
-_half_block_cells = _make_block(False, False, True, True, ten_thousandth_in_loop=True)
-_half_block_metrics = _make_block(False, False, False, True, ten_thousandth_in_loop=True)
-_floor_f32_cells = _make_block(False, False, True, False, ROUND_F32)
-_floor_f32_metrics = _make_block(False, False, False, False, ROUND_F32)
+_block_tols = _make_block(True, True, False)
+_block_cells = _make_block(False, True, False)
+_block_rels = _block_cells  # the relative errors' heat map reads the cells' keys
+_block_metrics = _make_block(False, False, False)
+_half_block_tols = _make_block(True, True, True, ten_thousandth_in_loop=True)
+_half_block_cells = _make_block(False, True, True, ten_thousandth_in_loop=True)
+_half_block_rels = _half_block_cells
+_half_block_metrics = _make_block(False, False, True, ten_thousandth_in_loop=True)
+_floor_f32_cells = _make_block(False, True, False, ROUND_F32)
+_floor_f32_metrics = _make_block(False, False, False, ROUND_F32)
 # and each with NaN / Inf pairs taken as zeros, for a block that holds one
-_masked_tols = _make_block(False, True, True, False, masked=True)
-_masked_rels = _make_block(True, False, True, False, masked=True)
-_masked_cells = _make_block(False, False, True, False, masked=True)
-_masked_metrics = _make_block(False, False, False, False, masked=True)
-_masked_half_tols = _make_block(False, True, True, True, masked=True)
-_masked_half_rels = _make_block(True, False, True, True, masked=True)
-_masked_half_cells = _make_block(False, False, True, True, masked=True)
-_masked_half_metrics = _make_block(False, False, False, True, masked=True)
+_masked_tols = _make_block(True, True, False, masked=True)
+_masked_cells = _make_block(False, True, False, masked=True)
+_masked_rels = _masked_cells
+_masked_metrics = _make_block(False, False, False, masked=True)
+_masked_half_tols = _make_block(True, True, True, masked=True)
+_masked_half_cells = _make_block(False, True, True, masked=True)
+_masked_half_rels = _masked_half_cells
+_masked_half_metrics = _make_block(False, False, True, masked=True)
 
 
 _ROW_MAXIMA_MOST = 2048  # the widest rows whose column maxima _heat_range keeps (windows
@@ -1137,6 +1133,17 @@ def _lowest_bit(typingctx, mask):
     return sig, codegen
 
 
+@njit(inline="always")
+def _same_special(xb, xexp, xman, gb):
+    """Whether a pair that holds NaN or Inf (_special) is the same NaN or the same signed
+    Inf, from the bits (the actual's exponent and significand masks of its format), rather
+    than a placement mismatch."""
+    x_spec, g_spec = (xb & xexp) == xexp, (gb & _F64_EXP) == _F64_EXP
+    x_nan, g_nan = x_spec and (xb & xman) != 0, g_spec and (gb & _F64_MAN) != 0
+    return (x_nan and g_nan) or (x_spec and g_spec and not x_nan and not g_nan
+                                 and (xb < 0) == (gb < 0))
+
+
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
 def _special_spots(x, xbits, xexp, xman, g, gbits, spots):
     """Where the pairs that hold NaN or Inf are, for the masked block variant (which takes
@@ -1163,11 +1170,7 @@ def _special_spots(x, xbits, xexp, xman, g, gbits, spots):
         while mask:
             j = lo + _lowest_bit(mask)
             mask &= mask - np.uint64(1)
-            xb, gb = np.int64(xbits[j]), gbits[j]
-            x_spec, g_spec = (xb & xexp) == xexp, (gb & _F64_EXP) == _F64_EXP
-            x_nan, g_nan = x_spec and (xb & xman) != 0, g_spec and (gb & _F64_MAN) != 0
-            same = (x_nan and g_nan) or (x_spec and g_spec and not x_nan and not g_nan
-                                          and (xb < 0) == (gb < 0))
+            same = _same_special(np.int64(xbits[j]), xexp, xman, gbits[j])
             spots[k] = 2 * j + (0 if same else 1)
             k += 1
     return k
@@ -1267,7 +1270,8 @@ def _make_pass(eb_half: bool):
         that goes straight to the masked twin (after one with NaN / Inf) is not touched:
         that loop's slower arithmetic keeps up with the memory (bf16 with a NaN every 1009
         elements: metrics 4.3x the memory floor untouched, 4.5x touched)."""
-        keep_rels, keep_tols, keep_cells = keep[0] == 1, keep[1] == 1, keep[2] == 1
+        # keep[0] (the relative errors' heat map) reads the cells' keys: no store of its own
+        keep_tols, keep_cells = keep[1] == 1, keep[2] == 1
         n = g.shape[0]
         upcast = a16.shape[0] > 0
         floor = out_f.shape[0] > 0
@@ -1280,46 +1284,39 @@ def _make_pass(eb_half: bool):
         n_threads = scratch.shape[0]
         n_blocks = out.shape[0]
 
-        def kernel_block(x, xbits, y, ybits, ob, rels, tols, kept, masked):
+        def kernel_block(x, xbits, y, ybits, ob, tols, kept, masked):
             """The kernel's lean block variant (``masked``: its masked twin), for what the
             pass keeps: True when the block holds NaN / Inf."""
-            args = (x, xbits, aexp, aman, y, ybits, 0, x.shape[0], c, ob, rels, tols, kept)
+            args = (x, xbits, aexp, aman, y, ybits, 0, x.shape[0], c, ob, kept[:0], tols,
+                    kept)
             if masked:
                 if eb_half:
                     if keep_tols:
                         return _masked_half_tols(*args)
-                    if keep_rels:
-                        return _masked_half_rels(*args)
                     if keep_cells:
                         return _masked_half_cells(*args)
                     return _masked_half_metrics(*args)
                 if keep_tols:
                     return _masked_tols(*args)
-                if keep_rels:
-                    return _masked_rels(*args)
                 if keep_cells:
                     return _masked_cells(*args)
                 return _masked_metrics(*args)
             if eb_half:
                 if keep_tols:
                     return _half_block_tols(*args)
-                if keep_rels:
-                    return _half_block_rels(*args)
                 if keep_cells:
                     return _half_block_cells(*args)
                 return _half_block_metrics(*args)
             if keep_tols:
                 return _block_tols(*args)
-            if keep_rels:
-                return _block_rels(*args)
             if keep_cells:
                 return _block_cells(*args)
             return _block_metrics(*args)
 
-        def floor_block(x, xbits, y, ybits, ob, rels, tols, kept, masked):
+        def floor_block(x, xbits, y, ybits, ob, tols, kept, masked):
             """The floor's lean block variant over the rounded golden x (``masked``: its
             masked twin): the cells when the kernel keeps them."""
-            args = (x, xbits, _F64_EXP, _F64_MAN, y, ybits, 0, x.shape[0], c, ob, rels,
+            args = (x, xbits, _F64_EXP, _F64_MAN, y, ybits, 0, x.shape[0], c, ob, kept[:0],
                     tols, kept)
             if masked:
                 if keep_cells:
@@ -1329,9 +1326,9 @@ def _make_pass(eb_half: bool):
                 return _block_cells(*args)
             return _block_metrics(*args)
 
-        def floor_on_the_fly(y, ybits, ob, rels, tols, kept):
+        def floor_on_the_fly(y, ybits, ob, tols, kept):
             """The floor's lean block variant rounding the golden y to float32 itself."""
-            args = (y, ybits, _F64_EXP, _F64_MAN, y, ybits, 0, y.shape[0], c, ob, rels,
+            args = (y, ybits, _F64_EXP, _F64_MAN, y, ybits, 0, y.shape[0], c, ob, kept[:0],
                     tols, kept)
             if keep_cells:
                 return _floor_f32_cells(*args)
@@ -1365,10 +1362,8 @@ def _make_pass(eb_half: bool):
             hi = min(lo + BLOCK, n)
             r = scratch[t, 0, :hi - lo]
             cast = scratch[t, 1, :hi - lo]
-            kept = cells_of[t, 0, :hi - lo]
-            # the heat map's keys: the relative errors' are the cells' (_cell_index)
-            rels = kept if keep_cells else cells_of[t, 1, :hi - lo]
-            tols = cells_of[t, 2, :hi - lo]
+            kept = cells_of[t, 0, :hi - lo]  # the relative errors' keys, for both plots
+            tols = cells_of[t, 1, :hi - lo]
             ob = out[b]
             if touch_first and try_clean:  # the masked twin's slower loop keeps up
                 sink |= _touch(a16[lo:hi], gbits[lo:hi]) if upcast \
@@ -1381,11 +1376,11 @@ def _make_pass(eb_half: bool):
                 x, xbits = a[lo:hi], abits[lo:hi]
             y, ybits = g[lo:hi], gbits[lo:hi]
             at_specials = (0, 0)  # the error balance's counts at NaN / Inf pairs
-            if not try_clean or kernel_block(x, xbits, y, ybits, ob, rels, tols, kept,
+            if not try_clean or kernel_block(x, xbits, y, ybits, ob, tols, kept,
                                              False):
                 k = _special_spots(x, xbits, aexp, aman, y, ybits, flagged)
-                kernel_block(x, xbits, y, ybits, ob, rels, tols, kept, True)
-                _settle_specials(ob, flagged, k, rels if keep_rels else rels[:0],
+                kernel_block(x, xbits, y, ybits, ob, tols, kept, True)
+                _settle_specials(ob, flagged, k, kept[:0],
                                  tols if keep_tols else tols[:0],
                                  kept if keep_cells else kept[:0])
                 at_specials = _eb_at_spots(x, y, flagged, k, eb_half)
@@ -1394,7 +1389,7 @@ def _make_pass(eb_half: bool):
                 spent[way] += _cycles() - start
             clean = ob[NONFINITE_BAD] == 0.0 and ob[SPECIAL_EQ] == 0.0
             if heats:
-                _heat_range(tols if by_tol else rels, first + lo, rows, cols, starts,
+                _heat_range(tols if by_tol else kept, first + lo, rows, cols, starts,
                             ends, heat[t])
             if counts:
                 _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
@@ -1429,17 +1424,17 @@ def _make_pass(eb_half: bool):
                 ofb = out_f[b]
                 rbits = r.view(np.int64)
                 if on_the_fly:
-                    specials = floor_on_the_fly(y, ybits, ofb, rels, tols, kept)
+                    specials = floor_on_the_fly(y, ybits, ofb, tols, kept)
                 else:
-                    specials = not clean or floor_block(r, rbits, y, ybits, ofb, rels,
-                                                        tols, kept, False)
+                    specials = not clean or floor_block(r, rbits, y, ybits, ofb, tols,
+                                                        kept, False)
                 if specials:
                     if not r_ready:
                         _round_into(g, gbits, lo, hi, rp, floor_kind, r)
                         r_ready = True
                     k = _special_spots(r, rbits, _F64_EXP, _F64_MAN, y, ybits, flagged)
-                    floor_block(r, rbits, y, ybits, ofb, rels, tols, kept, True)
-                    _settle_specials(ofb, flagged, k, rels[:0], tols[:0],
+                    floor_block(r, rbits, y, ybits, ofb, tols, kept, True)
+                    _settle_specials(ofb, flagged, k, kept[:0], tols[:0],
                                      kept if keep_cells else kept[:0])
                 if counts:
                     _count_cells(kept, r, y, 0, cells, base, t1, t2, flagged,
@@ -1448,7 +1443,7 @@ def _make_pass(eb_half: bool):
                     _eb_of_block(r, g, gbits, lo, hi, rp_eb, ofb, False, eb[b, 2:4],
                                  cast, r[:0], _UNSETTLED)
             try_clean = clean
-        cells_of[t, 1, 0] = np.uint32(sink & 1)  # rels' keys, which nothing reads after
+        cells_of[t, 1, 0] = np.uint32(sink & 1)  # tols' keys, which nothing reads after
 
     return _pass
 
@@ -1798,9 +1793,10 @@ _FLOOR_KINDS = {torch.float32: ROUND_F32, torch.bfloat16: ROUND_BF16,
 def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
     """The pass's per-thread buffers: rounded and cast golden (2 x width float64); the
     histogram's flagged elements (and a block's NaN / Inf spots); the errors' table cells
-    and the heat map's keys of rels and tols (3 x width uint32); and the float32 block a
+    (the relative errors' heat-map keys) and allclose's measure's keys (2 x width
+    uint32); and the float32 block a
     bf16 / fp16 output is upcast into (``upcast``; else an empty one of the actual's
-    ``dtype``, so that both branches type alike). Full-block ones (4.5 MiB on 2 threads)
+    ``dtype``, so that both branches type alike). Full-block ones (4 MiB on 2 threads)
     are kept for the calling thread's next call rather than allocated again by every
     compare of an output of a block or more (a run compares thousands)."""
     kept = {}
@@ -1812,7 +1808,7 @@ def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
     if "scratch" not in kept:
         kept.update(scratch=np.empty((n_threads, 2, width)),
                     flagged=np.empty(shape, dtype=np.int64),
-                    cells=np.empty((n_threads, 3, width), dtype=np.uint32))
+                    cells=np.empty((n_threads, 2, width), dtype=np.uint32))
     if upcast and "upcast" not in kept:
         kept["upcast"] = np.empty(shape, dtype=np.float32)
     up = kept["upcast"] if upcast else np.empty((n_threads, 0), dtype=dtype)
@@ -2004,11 +2000,7 @@ def _exact_heat_cell(a, abits, aexp, aman, a16, half, g, gbits, c, by_tol, r0, r
             else:
                 av, xb = np.float64(a[i]), np.int64(abits[i])
             if _special(xb, aexp, gb):
-                x_spec, g_spec = (xb & aexp) == aexp, (gb & _F64_EXP) == _F64_EXP
-                x_nan, g_nan = x_spec and (xb & aman) != 0, g_spec and (gb & _F64_MAN) != 0
-                same = (x_nan and g_nan) or (x_spec and g_spec and not x_nan and not g_nan
-                                              and (xb < 0) == (gb < 0))
-                v = 0.0 if same else _FAR
+                v = 0.0 if _same_special(xb, aexp, aman, gb) else _FAR
             else:
                 d = abs(av - gv)
                 ag = abs(gv)
