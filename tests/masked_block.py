@@ -121,9 +121,10 @@ def masked_block(keep_rels: bool, keep_tols: bool, keep_cells: bool, eb_half: bo
             if keep_rels:  # constants of the closure: a variant without stores has none
                 rels[np.uint64(j - lo)] = kept
             if keep_cells:  # the histogram's (and the heat map's) key of the kept error:
-                # its bits over 2^31, rounded up
+                # its bits over 2^31, rounded up, plus 2^13 - 1 (the top 19 bits its cell)
                 cells[np.uint64(j - lo)] = np.uint32(
-                    (np.uint64(_bits(kept)) + np.uint64(2 ** 31 - 1)) >> np.uint64(31))
+                    ((np.uint64(_bits(kept)) + np.uint64(2 ** 31 - 1)) >> np.uint64(31))
+                    + np.uint64(2 ** 13 - 1))
             if keep_tols:
                 tols[np.uint64(j - lo)] = (tol if tol < 1e300 else 1e300) if f > 0.5 else special
         out[N] = n

@@ -134,10 +134,13 @@ def _block_slots(variant, a_np, g_np, c, keep=None):
         k = metrics._special_spots(a_np, abits, aexp, aman, g_np, g_np.view(np.int64), spots)
         metrics._settle_specials(out, spots, k, *(x if kept else x[:0] for x, kept in
                                                   zip((rels, tols, cells), keep)))
-    if reference:
-        rels, tols = heat_keys(rels), heat_keys(tols)
-        if variant is not masked_block.masked_tols:  # keeps the rels: their keys, the cells
-            assert (rels == cells).all()
+    if reference:  # the keys of what it keeps (an array it does not write stays 0, as the
+        # lean variant's does)
+        if variant is masked_block.masked_tols:
+            tols = heat_keys(tols)
+        else:  # keeps the rels: their keys, the cells
+            tols = tols.astype(np.uint32)
+            assert (heat_keys(rels) == cells).all()
     # the pass's relative errors' keys are its cells (kept once, for both)
     return np.concatenate([out.view(np.int64), tols.astype(np.int64), cells.astype(np.int64)])
 
@@ -147,8 +150,10 @@ REFERENCES = (masked_block.masked_tols, masked_block.masked_rels, masked_block.m
 
 def heat_keys(errors: np.ndarray) -> np.ndarray:
     """The heat map's keys of errors 0 <= e <= 1e300, as the pass keeps them: the bits
-    over 2^31, rounded up."""
-    return ((errors.view(np.uint64) + np.uint64(0x7FFFFFFF)) >> np.uint64(31)).astype(np.uint32)
+    over 2^31, rounded up, plus 2^13 - 1 (so that a key's top 19 bits are its histogram
+    cell, 0 for an error of 0)."""
+    return (((errors.view(np.uint64) + np.uint64(2 ** 31 - 1)) >> np.uint64(31))
+            + np.uint64(2 ** 13 - 1)).astype(np.uint32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64,

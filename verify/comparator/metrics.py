@@ -258,36 +258,43 @@ def _rounded(gv, kind):
 
 FLAG = 0xFF  # a table cell that holds a bin edge: its elements are binned exactly
 ZERO_CODE, OVER_CODE = N_BINS + 2, N_BINS + 1  # codes: 0 under, 1..N_BINS the bins
+assert ZERO_CODE < 0x80  # FLAG alone has bit 7 (_count_cells tests eight codes at once)
 CELL_BITS = 8  # significand bits of a histogram table cell: 2^(11 + 8) cells for the
-# positive floats and as many past them, where only the zero's is used (a 1 MiB table, of
-# which a block touches the few lines its errors fall in)
+# positive floats, the zero's first (a 512 KiB table, of which a block touches the few
+# lines its errors fall in)
 CELL_SHIFT = 52 - CELL_BITS
 HEAT_KEY_SHIFT = 31  # a heat-map key keeps an error's bits over 2^31, rounded up
-N_CELLS = 1 << (11 + CELL_BITS)  # the positive floats' cells
-ZERO_CELL = N_CELLS - 1  # an error of 0's table entry (_cell_index), below theirs
+N_CELLS = 1 << (11 + CELL_BITS)  # the table's cells: every 4-byte key's (_cell_index)
+ZERO_CELL = 0  # an error of 0's table entry, below the positive floats'
+# a key is its error's bits over 2^31, rounded up, plus KEY_OF_ZERO: the key of 0, whose
+# cell (key >> 13) is ZERO_CELL, while a positive error's key is 2^13 or more
+KEY_OF_ZERO = (1 << (CELL_SHIFT - HEAT_KEY_SHIFT)) - 1
+_KEY_ROUNDING = (1 << HEAT_KEY_SHIFT) - 1 + (KEY_OF_ZERO << HEAT_KEY_SHIFT)  # _heat_key's
 
 
 @njit(inline="always")
 def _cell_index(key):
-    """The histogram table entry of a relative error's key (_heat_key): N_CELLS + its
-    cell k, which holds the errors whose bits lie in (k 2^44, (k + 1) 2^44] (the key's
-    (key - 1) >> 13, exactly: the key's span lies within one cell), and an error of 0
-    (key 0) at ZERO_CELL, by the wraparound of key - 1: no test for 0 and no clamp,
-    which took an fp32 block with allclose's heat map 1.45 ns an element, 1.35 without
-    (one thread, a block in cache). The key is both the heat map's and the histogram's:
-    one 4-byte store an element for both."""
-    return (np.uint64(key) + np.uint64(0xFFFFFFFF)) >> np.uint64(CELL_SHIFT - HEAT_KEY_SHIFT)
+    """The histogram table entry of a relative error's key (_heat_key): 1 + k for the
+    cell k that holds the errors whose bits lie in (k 2^44, (k + 1) 2^44] (the key's
+    span lies within one cell), and ZERO_CELL for an error of 0 (KEY_OF_ZERO): the key's
+    top 19 bits, no test for 0 and no clamp (which took an fp32 block with allclose's
+    heat map 1.45 ns an element, 1.35 without: one thread, a block in cache), and in the
+    histogram's count, from two keys read as one 8-byte word, a shift and a mask each.
+    The key is both the heat map's and the histogram's: one 4-byte store an element."""
+    return np.uint64(key) >> np.uint64(CELL_SHIFT - HEAT_KEY_SHIFT)
 
 
 @njit(inline="always")
 def _heat_key(v):
     """The heat map's 4-byte key of a kept error 0 <= v <= 1e300: its bits over 2^31,
-    rounded up. Monotone, so a window's largest key is its largest error's, and 0 for 0
-    alone; that error's bits lie in ((key - 1) 2^31, key 2^31] (_heat_cells, which
-    recomputes a cell exactly only where that span straddles a rounding to three
-    digits). A float64 error a block, stored and read back, spilled the block out of L2:
-    the heat map took an fp32 [7168, 4096] compare 5.6-6.0 ms, with keys 3.1-3.4."""
-    return np.uint32((np.uint64(_bits(v)) + np.uint64(0x7FFFFFFF)) >> np.uint64(HEAT_KEY_SHIFT))
+    rounded up, plus KEY_OF_ZERO (one addition: of the constant's multiple of 2^31 before
+    the shift). Monotone, so a window's largest key is its largest error's, and
+    KEY_OF_ZERO for 0 alone; the error's bits lie in ((key - KEY_OF_ZERO - 1) 2^31,
+    (key - KEY_OF_ZERO) 2^31] (_heat_cells, which recomputes a cell exactly only where
+    that span straddles a rounding to three digits); 1e300's key is under 2^32 - 2^13.
+    A float64 error a block, stored and read back, spilled the block out of L2: the heat
+    map took an fp32 [7168, 4096] compare 5.6-6.0 ms, with keys 3.1-3.4."""
+    return np.uint32((np.uint64(_bits(v)) + np.uint64(_KEY_ROUNDING)) >> np.uint64(HEAT_KEY_SHIFT))
 
 
 @njit(inline="always", fastmath=_FAST)
@@ -1033,32 +1040,46 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
     holds a bin edge (or touches one) is binned exactly from the element itself
     (_exact_code), afterwards. ``kind`` (a ROUND_ kind, else 0): x is not read, the
     element is g[lo + j] rounded so (the floor's, rounded on the fly)."""
-    q0, q1 = np.zeros(256, dtype=np.int64), np.zeros(256, dtype=np.int64)  # four sets:
-    q2, q3 = np.zeros(256, dtype=np.int64), np.zeros(256, dtype=np.int64)  # no queueing
+    q = np.zeros((8, 256), dtype=np.int32)  # eight sets of counters: no queueing on one
     n_flagged = 0
     m = kept.shape[0]
-    # four elements a step, each into its own set (one test for a FLAG among them): the
-    # set's offset no longer computed per element: 0.426-0.453 -> 0.362-0.383 ns an
-    # element (one thread, a block in cache, side by side)
-    for s in range(m >> 2):
+    # eight elements a step, each into its own set, their keys read two to an 8-byte word
+    # (_cell_index: a shift and a mask each), one test for a FLAG (0xFF, the only code
+    # with bit 7) among them: 0.341-0.394 -> 0.287-0.296 ns an element, against four a
+    # step from 4-byte reads (one thread, a block in cache, side by side)
+    words = kept[:m & ~7].view(np.uint64)
+    low, high = np.uint64(CELL_SHIFT - HEAT_KEY_SHIFT), np.uint64(32 + CELL_SHIFT - HEAT_KEY_SHIFT)
+    mask = np.uint64(N_CELLS - 1)
+    for s in range(m >> 3):
         j = np.uint64(4 * s)
-        k0 = np.int64(table[_cell_index(kept[j])])
-        k1 = np.int64(table[_cell_index(kept[j + np.uint64(1)])])
-        k2 = np.int64(table[_cell_index(kept[j + np.uint64(2)])])
-        k3 = np.int64(table[_cell_index(kept[j + np.uint64(3)])])
-        q0[np.uint64(k0)] += 1
-        q1[np.uint64(k1)] += 1
-        q2[np.uint64(k2)] += 1
-        q3[np.uint64(k3)] += 1
-        if (k0 == FLAG) | (k1 == FLAG) | (k2 == FLAG) | (k3 == FLAG):  # rare (under 1%
+        w0, w1 = words[j], words[j + np.uint64(1)]
+        w2, w3 = words[j + np.uint64(2)], words[j + np.uint64(3)]
+        k0 = np.uint64(table[(w0 >> low) & mask])
+        k1 = np.uint64(table[w0 >> high])
+        k2 = np.uint64(table[(w1 >> low) & mask])
+        k3 = np.uint64(table[w1 >> high])
+        k4 = np.uint64(table[(w2 >> low) & mask])
+        k5 = np.uint64(table[w2 >> high])
+        k6 = np.uint64(table[(w3 >> low) & mask])
+        k7 = np.uint64(table[w3 >> high])
+        q[0, k0] += 1
+        q[1, k1] += 1
+        q[2, k2] += 1
+        q[3, k3] += 1
+        q[4, k4] += 1
+        q[5, k5] += 1
+        q[6, k6] += 1
+        q[7, k7] += 1
+        if (k0 | k1 | k2 | k3 | k4 | k5 | k6 | k7) & np.uint64(0x80):  # rare (under 1%
             # of the elements of a rounding's errors)
-            for e, k in ((0, k0), (1, k1), (2, k2), (3, k3)):
+            for e, k in ((0, k0), (1, k1), (2, k2), (3, k3), (4, k4), (5, k5), (6, k6),
+                         (7, k7)):
                 if k == FLAG:
-                    flagged[np.uint64(n_flagged)] = 4 * s + e
+                    flagged[np.uint64(n_flagged)] = 8 * s + e
                     n_flagged += 1
-    for j in range(m & ~3, m):  # the last few
-        code = np.int64(table[_cell_index(kept[np.uint64(j)])])
-        q0[np.uint64(code)] += 1
+    for j in range(m & ~7, m):  # the last few
+        code = np.uint64(table[_cell_index(kept[np.uint64(j)])])
+        q[0, code] += 1
         if code == FLAG:
             flagged[np.uint64(n_flagged)] = j
             n_flagged += 1
@@ -1066,8 +1087,8 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
         j = np.uint64(flagged[np.uint64(f)])
         gv = g[np.uint64(lo) + j]
         xv = _rounded(gv, kind) if kind else np.float64(x[np.uint64(lo) + j])
-        q0[np.uint64(_exact_code(xv, gv, base, t1, t2))] += 1
-    counts = q0 + q1 + q2 + q3
+        q[0, np.uint64(_exact_code(xv, gv, base, t1, t2))] += 1
+    counts = q.astype(np.int64).sum(axis=0)
     for k in range(N_BINS_):
         out[k] += counts[k + 1]
     out[N_BINS_] += counts[ZERO_CODE]
@@ -1177,7 +1198,8 @@ def _special_spots(x, xbits, xexp, xman, g, gbits, spots):
 
 
 _FAR = 1e300  # the error kept for a placement mismatch: larger than any other
-_FAR_KEY = np.uint32((np.float64(_FAR).view(np.int64) + 0x7FFFFFFF) >> HEAT_KEY_SHIFT)  # _heat_key
+_FAR_KEY = np.uint32((np.float64(_FAR).view(np.int64) + _KEY_ROUNDING)
+                     >> HEAT_KEY_SHIFT)  # _heat_key
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
@@ -1593,11 +1615,11 @@ _HIST_BASE, _HIST_T1, _HIST_T2 = _histogram_tables()
 
 
 def _cell_table() -> np.ndarray:
-    """The histogram code of each table cell (_cell_index: the positive float64s whose bits
-    less one share an exponent and top CELL_BITS significand bits), FLAG where the cell
-    holds a bin edge or borders one (so that no element within an ulp of an edge is
-    binned by the table), from the exact bins (_HIST_BASE / T1 / T2, drawn from log10
-    itself); ZERO_CODE at ZERO_CELL, below the positive floats' cells."""
+    """The histogram code of each table cell (_cell_index: ZERO_CELL, then the positive
+    float64s whose bits less one share an exponent and top CELL_BITS significand bits),
+    FLAG where the cell holds a bin edge or borders one (so that no element within an ulp
+    of an edge is binned by the table), from the exact bins (_HIST_BASE / T1 / T2, drawn
+    from log10 itself); ZERO_CODE at ZERO_CELL."""
     n = N_CELLS
     idx = np.arange(n, dtype=np.int64)
     step = np.int64(1) << CELL_SHIFT
@@ -1617,9 +1639,9 @@ def _cell_table() -> np.ndarray:
     boundary = hi[:-1] != lo[1:]  # an edge where one cell ends and the next begins
     cells[np.r_[False, boundary] | np.r_[boundary, False]] = FLAG
     cells[field == 2047] = OVER_CODE  # NaN bit patterns: never stored
-    table = np.full(2 * N_CELLS, OVER_CODE, dtype=np.uint8)  # below the positive floats'
-    table[N_CELLS:] = cells  # cells (_cell_index): the zero's, the others never used
-    table[ZERO_CELL] = ZERO_CODE
+    table = np.empty(N_CELLS, dtype=np.uint8)  # (_cell_index) the zero's, then the
+    table[ZERO_CELL] = ZERO_CODE  # positive floats' (but the top one, NaN's: no key's)
+    table[ZERO_CELL + 1:] = cells[:-1]
     return table
 
 
@@ -1954,14 +1976,15 @@ def _three_digits_of(grid) -> np.ndarray:
 
 def _heat_cells(keys: np.ndarray, data: tuple, by_tol: bool, rows: int, cols: int,
                 starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The heat map's cells to three digits from the largest key in each (_heat_key): the
-    cell's error lies in ((key - 1) 2^31, key 2^31] as bits, and where both ends round to
-    the same three digits that is the cell's (rounding is monotone). A cell whose span
+    """The heat map's cells to three digits from the largest key in each (_heat_key, less
+    KEY_OF_ZERO: k): the cell's error lies in ((k - 1) 2^31, k 2^31] as bits, and where
+    both ends round to the same three digits that is the cell's (rounding is monotone). A
+    cell whose span
     straddles a rounding (about one in 2^20 / 10^3 of random errors) is recomputed from
     the data, exactly as the pass keeps its errors (_exact_heat_cell). ``data``: the
     actual as the pass reads it (values, bits, exponent and significand masks, bf16 /
     fp16 bits, whether IEEE half), the golden and the constants."""
-    k = keys.astype(np.int64)
+    k = np.maximum(keys.astype(np.int64) - KEY_OF_ZERO, 0)  # 0: no element, or errors of 0
     top = np.minimum((k << HEAT_KEY_SHIFT).view(np.float64), _FAR)
     bottom = np.minimum(np.where(k > 0, ((k - 1) << HEAT_KEY_SHIFT) + 1, 0).view(np.float64),
                         _FAR)
