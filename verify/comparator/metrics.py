@@ -227,6 +227,27 @@ def _claim(typingctx, counter):
     return sig, codegen
 
 
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Asks for the cache line holding array[index] (LLVM's prefetch: a read, kept in
+    the outer caches), without waiting for it and without a fault where there is none:
+    the pass's next block, fetched while the histogram's scalar count runs
+    (_count_cells), so that its vectorised block loop finds it in cache."""
+    sig = types.void(array, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        byte_ptr = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32])
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [byte_ptr], fnty)
+        where = builder.bitcast(builder.gep(ary.data, [args[1]]), byte_ptr)
+        builder.call(fn, [where, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 # the formats _rounded rounds a golden into (the fp32 floor's block as it goes, bf16 / fp16
 # floors in a pass of their own); 0 for the others (float64), rounded by _round_range
 ROUND_F32, ROUND_BF16, ROUND_F16 = 1, 2, 3
@@ -1033,13 +1054,23 @@ def _exact_code(av, gv, base, t1, t2):
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath=False)
-def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
+def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind, next_g,
+                 next_a):
     """Adds the histogram of one block's relative errors to out (histbins: the bins, then
     zero, under, over), from their table cells (kept[j] for x[lo + j] against g[lo + j],
     as the block pass keeps them): the bin of each is its cell's; an element whose cell
     holds a bin edge (or touches one) is binned exactly from the element itself
     (_exact_code), afterwards. ``kind`` (a ROUND_ kind, else 0): x is not read, the
-    element is g[lo + j] rounded so (the floor's, rounded on the fly)."""
+    element is g[lo + j] rounded so (the floor's, rounded on the fly).
+
+    ``next_g`` / ``next_a`` (the golden and the actual's bytes of the block the pass takes
+    next, or empty): fetched a line a step (_prefetch), so that the memory works while
+    this loop does. The vectorised block loop left to fetch its own read a bf16 block at
+    2.63-2.75 TSC cycles an element, against 1.86-1.88 with it fetched here, which cost
+    this loop 0.95-0.99 -> 1.14-1.19 (one thread, one upcast, block loop and count a
+    block, side by side)."""
+    fetch = next_g.shape[0] > 0
+    last_a = np.uint64(max(next_a.shape[0], 1) - 1)
     q = np.zeros((8, 256), dtype=np.int32)  # eight sets of counters: no queueing on one
     n_flagged = 0
     m = kept.shape[0]
@@ -1052,6 +1083,9 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind):
     mask = np.uint64(N_CELLS - 1)
     for s in range(m >> 3):
         j = np.uint64(4 * s)
+        if fetch:  # the golden's line of eight elements, and as many of the actual's
+            _prefetch(next_g, min(np.uint64(8 * s), np.uint64(next_g.shape[0] - 1)))
+            _prefetch(next_a, min(np.uint64(64 * s), last_a))
         w0, w1 = words[j], words[j + np.uint64(1)]
         w2, w3 = words[j + np.uint64(2)], words[j + np.uint64(3)]
         k0 = np.uint64(table[(w0 >> low) & mask])
@@ -1367,10 +1401,15 @@ def _make_pass(eb_half: bool):
         spent = np.zeros(2, dtype=np.int64)  # cycles over each way's trial blocks
         sink = np.int64(0)  # the touched words, OR'd: kept below, so the loads stay
         kb = -1  # the thread's kb-th block
-        while True:
-            b = _claim(next_block)  # the next block no thread has taken
-            if b >= n_blocks:
-                break
+        b = _claim(next_block)  # the next block no thread has taken
+        while b < n_blocks:
+            # and the one this thread takes after it, claimed now: its data is fetched
+            # while this block's histogram is counted (_count_cells' next_g / next_a)
+            nb = _claim(next_block)
+            nlo = nb * BLOCK if nb < n_blocks else 0
+            nhi = min(nlo + BLOCK, n) if nb < n_blocks else 0
+            next_g = g[nlo:nhi]
+            next_a = a16[nlo:nhi].view(np.uint8) if upcast else a[nlo:nhi].view(np.uint8)
             kb += 1
             # the first block untimed (the buffers' first use), then each way in turn
             trial = timing and 1 <= kb <= 2 * TOUCH_TRIALS
@@ -1410,12 +1449,6 @@ def _make_pass(eb_half: bool):
                 way = 1 if touch_first else 0
                 spent[way] += _cycles() - start
             clean = ob[NONFINITE_BAD] == 0.0 and ob[SPECIAL_EQ] == 0.0
-            if heats:
-                _heat_range(tols if by_tol else kept, first + lo, rows, cols, starts,
-                            ends, heat[t])
-            if counts:
-                _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
-                             0)
             # a block that is the golden rounded to the output's format, bit for bit
             # (_own_floor; a NaN where the rounded golden has one): the floor's
             # figures are the kernel's own, the same block template over the same
@@ -1423,11 +1456,18 @@ def _make_pass(eb_half: bool):
             # (test_a_correctly_rounded_block_is_its_own_floor)
             own_floor = floor and _own_floor(ob, x, xbits, y, ybits, floor_kind, clean,
                                              eb_half)
+            floor_left = floor and not own_floor
+            if heats:
+                _heat_range(tols if by_tol else kept, first + lo, rows, cols, starts,
+                            ends, heat[t])
+            if counts:  # the next block fetched by the block's last count
+                _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
+                             0, next_g[:0] if floor_left else next_g,
+                             next_a[:0] if floor_left else next_a)
             if own_floor:
                 out_f[b, :] = ob
                 if counts:
                     hist[b, 1, :] = hist[b, 0, :]
-            floor_left = floor and not own_floor
             on_the_fly = floor_left and clean and floor_kind == ROUND_F32
             r_ready = floor_left and not on_the_fly
             if r_ready:
@@ -1460,11 +1500,12 @@ def _make_pass(eb_half: bool):
                                      kept if keep_cells else kept[:0])
                 if counts:
                     _count_cells(kept, r, y, 0, cells, base, t1, t2, flagged,
-                                 hist[b, 1], 0 if r_ready else floor_kind)
+                                 hist[b, 1], 0 if r_ready else floor_kind, next_g, next_a)
                 if not same_format:  # bf16, whose rounded golden r is written out
                     _eb_of_block(r, g, gbits, lo, hi, rp_eb, ofb, False, eb[b, 2:4],
                                  cast, r[:0], _UNSETTLED)
             try_clean = clean
+            b = nb
         cells_of[t, 1, 0] = np.uint32(sink & 1)  # tols' keys, which nothing reads after
 
     return _pass
