@@ -1122,7 +1122,10 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind, next_g
         gv = g[np.uint64(lo) + j]
         xv = _rounded(gv, kind) if kind else np.float64(x[np.uint64(lo) + j])
         q[0, np.uint64(_exact_code(xv, gv, base, t1, t2))] += 1
-    counts = q.astype(np.int64).sum(axis=0)
+    counts = np.zeros(ZERO_CODE + 1, dtype=np.int64)  # the codes (FLAG's entries: none
+    for e in range(8):  # left, each binned again above)
+        for k in range(ZERO_CODE + 1):
+            counts[k] += q[e, k]
     for k in range(N_BINS_):
         out[k] += counts[k + 1]
     out[N_BINS_] += counts[ZERO_CODE]
