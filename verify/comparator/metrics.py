@@ -1406,14 +1406,19 @@ def _make_pass(eb_half: bool):
         kb = -1  # the thread's kb-th block
         b = _claim(next_block)  # the next block no thread has taken
         while b < n_blocks:
-            # and the one this thread takes after it, claimed now: its data is fetched
-            # while this block's histogram is counted (_count_cells' next_g / next_a)
-            nb = _claim(next_block)
-            nlo = nb * BLOCK if nb < n_blocks else 0
-            nhi = min(nlo + BLOCK, n) if nb < n_blocks else 0
+            kb += 1
+            # and the one this thread takes after it, claimed now (its data is fetched
+            # while this block's histogram is counted: _count_cells' next_g / next_a),
+            # but on the thread's first block (the threads start a few tens of us apart:
+            # the first would take the blocks of a pass of a few) and where no more blocks
+            # are left than the other threads take at once (one would idle at the end):
+            # then claimed when this one is done
+            ahead = kb >= 1 and b + n_threads < n_blocks
+            nb = _claim(next_block) if ahead else -1
+            nlo = nb * BLOCK if 0 <= nb < n_blocks else 0
+            nhi = min(nlo + BLOCK, n) if 0 <= nb < n_blocks else 0
             next_g = g[nlo:nhi]
             next_a = a16[nlo:nhi].view(np.uint8) if upcast else a[nlo:nhi].view(np.uint8)
-            kb += 1
             # the first block untimed (the buffers' first use), then each way in turn
             trial = timing and 1 <= kb <= 2 * TOUCH_TRIALS
             if trial:
@@ -1508,7 +1513,7 @@ def _make_pass(eb_half: bool):
                     _eb_of_block(r, g, gbits, lo, hi, rp_eb, ofb, False, eb[b, 2:4],
                                  cast, r[:0], _UNSETTLED)
             try_clean = clean
-            b = nb
+            b = nb if nb >= 0 else _claim(next_block)
         cells_of[t, 1, 0] = np.uint32(sink & 1)  # tols' keys, which nothing reads after
 
     return _pass
