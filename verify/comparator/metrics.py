@@ -1404,21 +1404,27 @@ def _make_pass(eb_half: bool):
         spent = np.zeros(2, dtype=np.int64)  # cycles over each way's trial blocks
         sink = np.int64(0)  # the touched words, OR'd: kept below, so the loads stay
         kb = -1  # the thread's kb-th block
-        b = _claim(next_block)  # the next block no thread has taken
-        while b < n_blocks:
+
+        def upcoming():
+            """The golden and the actual's bytes of the block this thread will most
+            likely take next, fetched while this one's last count runs (_count_cells'
+            next_g / next_a): the next one no thread has taken, read and not claimed, as
+            the thread ending its block is most often the first to claim again. Claimed
+            ahead, a block waited on its thread where torch's spinning OpenMP threads
+            had slowed that one (a warm L1 run's compares 3.20 -> 3.46-3.52 s) and on
+            the thread that started first in a pass of a few blocks; read, a wrong guess
+            costs a fetch the other thread may use (the L3 is shared)."""
+            nb = next_block[0]
+            nlo = nb * BLOCK if nb < n_blocks else 0
+            nhi = min(nlo + BLOCK, n) if nb < n_blocks else 0
+            return g[nlo:nhi], (a16[nlo:nhi].view(np.uint8) if upcast
+                                else a[nlo:nhi].view(np.uint8))
+
+        while True:
+            b = _claim(next_block)  # the next block no thread has taken
+            if b >= n_blocks:
+                break
             kb += 1
-            # and the one this thread takes after it, claimed now (its data is fetched
-            # while this block's histogram is counted: _count_cells' next_g / next_a),
-            # but on the thread's first block (the threads start a few tens of us apart:
-            # the first would take the blocks of a pass of a few) and where no more blocks
-            # are left than the other threads take at once (one would idle at the end):
-            # then claimed when this one is done
-            ahead = kb >= 1 and b + n_threads < n_blocks
-            nb = _claim(next_block) if ahead else -1
-            nlo = nb * BLOCK if 0 <= nb < n_blocks else 0
-            nhi = min(nlo + BLOCK, n) if 0 <= nb < n_blocks else 0
-            next_g = g[nlo:nhi]
-            next_a = a16[nlo:nhi].view(np.uint8) if upcast else a[nlo:nhi].view(np.uint8)
             # the first block untimed (the buffers' first use), then each way in turn
             trial = timing and 1 <= kb <= 2 * TOUCH_TRIALS
             if trial:
@@ -1469,6 +1475,7 @@ def _make_pass(eb_half: bool):
                 _heat_range(tols if by_tol else kept, first + lo, rows, cols, starts,
                             ends, heat[t])
             if counts:  # the next block fetched by the block's last count
+                next_g, next_a = upcoming()
                 _count_cells(kept, x, y, 0, cells, base, t1, t2, flagged, hist[b, 0],
                              0, next_g[:0] if floor_left else next_g,
                              next_a[:0] if floor_left else next_a)
@@ -1508,12 +1515,11 @@ def _make_pass(eb_half: bool):
                                      kept if keep_cells else kept[:0])
                 if counts:
                     _count_cells(kept, r, y, 0, cells, base, t1, t2, flagged,
-                                 hist[b, 1], 0 if r_ready else floor_kind, next_g, next_a)
+                                 hist[b, 1], 0 if r_ready else floor_kind, *upcoming())
                 if not same_format:  # bf16, whose rounded golden r is written out
                     _eb_of_block(r, g, gbits, lo, hi, rp_eb, ofb, False, eb[b, 2:4],
                                  cast, r[:0], _UNSETTLED)
             try_clean = clean
-            b = nb if nb >= 0 else _claim(next_block)
         cells_of[t, 1, 0] = np.uint32(sink & 1)  # tols' keys, which nothing reads after
 
     return _pass
