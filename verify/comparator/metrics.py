@@ -1063,8 +1063,8 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind, next_g
     (_exact_code), afterwards. ``kind`` (a ROUND_ kind, else 0): x is not read, the
     element is g[lo + j] rounded so (the floor's, rounded on the fly).
 
-    ``next_g`` / ``next_a`` (the golden and the actual's bytes of the block the pass takes
-    next, or empty): fetched a line a step (_prefetch), so that the memory works while
+    ``next_g`` / ``next_a`` (the golden and the actual's bytes of the block this thread
+    most likely takes next, or empty): fetched a line a step (_prefetch), so that the memory works while
     this loop does. The vectorised block loop left to fetch its own read a bf16 block at
     2.63-2.75 TSC cycles an element, against 1.86-1.88 with it fetched here, which cost
     this loop 0.95-0.99 -> 1.14-1.19 (one thread, one upcast, block loop and count a
@@ -1079,7 +1079,8 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind, next_g
     # with bit 7) among them: 0.341-0.394 -> 0.287-0.296 ns an element, against four a
     # step from 4-byte reads (one thread, a block in cache, side by side)
     words = kept[:m & ~7].view(np.uint64)
-    low, high = np.uint64(CELL_SHIFT - HEAT_KEY_SHIFT), np.uint64(32 + CELL_SHIFT - HEAT_KEY_SHIFT)
+    low = np.uint64(CELL_SHIFT - HEAT_KEY_SHIFT)  # the first key's cell: (w >> low) & mask
+    high = np.uint64(32 + CELL_SHIFT - HEAT_KEY_SHIFT)  # the second's: w >> high
     mask = np.uint64(N_CELLS - 1)
     for s in range(m >> 3):
         j = np.uint64(4 * s)
@@ -1410,10 +1411,10 @@ def _make_pass(eb_half: bool):
             likely take next, fetched while this one's last count runs (_count_cells'
             next_g / next_a): the next one no thread has taken, read and not claimed, as
             the thread ending its block is most often the first to claim again. Claimed
-            ahead, a block waited on its thread where torch's spinning OpenMP threads
-            had slowed that one (a warm L1 run's compares 3.20 -> 3.46-3.52 s) and on
-            the thread that started first in a pass of a few blocks; read, a wrong guess
-            costs a fetch the other thread may use (the L3 is shared)."""
+            ahead, a pass of a few blocks went to the thread that started first (fp32
+            [2, 65536] compare 281-299 -> 370-380 us) and a thread slowed by torch's
+            spinning OpenMP threads would hold a block the other could take; read, a
+            wrong guess costs only a fetch the other thread may use (the L3 is shared)."""
             nb = next_block[0]
             nlo = nb * BLOCK if nb < n_blocks else 0
             nhi = min(nlo + BLOCK, n) if nb < n_blocks else 0
