@@ -1064,8 +1064,8 @@ def _count_cells(kept, x, g, lo, table, base, t1, t2, flagged, out, kind, next_g
     element is g[lo + j] rounded so (the floor's, rounded on the fly).
 
     ``next_g`` / ``next_a`` (the golden and the actual's bytes of the block this thread
-    most likely takes next, or empty): fetched a line a step (_prefetch), so that the memory works while
-    this loop does. The vectorised block loop left to fetch its own read a bf16 block at
+    most likely takes next, or empty): fetched a line a step (_prefetch), so that the
+    memory works while this loop does. The vectorised block loop left to fetch its own read a bf16 block at
     2.63-2.75 TSC cycles an element, against 1.86-1.88 with it fetched here, which cost
     this loop 0.95-0.99 -> 1.14-1.19 (one thread, one upcast, block loop and count a
     block, side by side)."""
