@@ -1,4 +1,5 @@
 """Headless Chromium (Debian's chromium + chromium-driver) driven by selenium."""
+import atexit
 import os
 import shutil
 import tempfile
@@ -28,6 +29,7 @@ def start(width=1400, height=1000):
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="verify-chromium-")
+    atexit.register(shutil.rmtree, profile, ignore_errors=True)  # after quit() ended chromium
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage",
                 f"--user-data-dir={profile}", f"--window-size={width},{height}"):

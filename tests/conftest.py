@@ -1,5 +1,6 @@
 """Every test run gets its own golden store, so no test sees another run's goldens."""
 import os
+import shutil
 
 import pytest
 
@@ -7,7 +8,8 @@ import pytest
 @pytest.fixture(autouse=True, scope="session")
 def _private_golden_store(tmp_path_factory):
     old = os.environ.get("VERIFY_STORE")
-    os.environ["VERIFY_STORE"] = str(tmp_path_factory.mktemp("golden-store"))
+    store = tmp_path_factory.mktemp("golden-store")
+    os.environ["VERIFY_STORE"] = str(store)
     # and its own cache of indexed dumps (verify judge)
     os.environ.setdefault("VERIFY_INDEX_CACHE", str(tmp_path_factory.mktemp("index-cache")))
     yield
@@ -15,6 +17,11 @@ def _private_golden_store(tmp_path_factory):
         os.environ.pop("VERIFY_STORE", None)
     else:
         os.environ["VERIFY_STORE"] = old
+    # The L1 goldens alone take ~16 GB, and pytest keeps the last three runs'
+    # temporary folders: kept, three runs fill a CI disk (stop 58's CI died of ENOSPC).
+    from verify.golden.store import close_all
+    close_all()
+    shutil.rmtree(store, ignore_errors=True)
 
 
 def _from_a_test(fn) -> bool:

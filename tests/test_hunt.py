@@ -5,7 +5,6 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -208,7 +207,7 @@ def test_max_elements_takes_l2_sizes():
                                "--max-elements", text])
 
 
-def test_the_space_covers_param_combinations_late_steps_and_value_families():
+def test_the_space_covers_param_combinations_late_steps_and_value_families(tmp_path):
     """What the hunt draws from an op's declaration: params over their natural ranges
     (bools both ways, the step up to 1e5, decades of a float, never eps -> 0.9) and the
     value families, each loading through the case loader with the values it names."""
@@ -249,7 +248,8 @@ def test_the_space_covers_param_combinations_late_steps_and_value_families():
     for label in [f"{f}:{v}" for f, vs in hunt.VARIANTS.items() for v in vs]:
         cand = hunt.Candidate("fp32", (64, 256), family=(("grad", label), ("v", label)))
         entry = cand.entry(spec, "c", 3)
-        path = Path(tempfile.mkdtemp()) / "apply_adam_w_v2.json"
+        path = tmp_path / f"{label.replace(':', '-')}" / "apply_adam_w_v2.json"
+        path.parent.mkdir()
         path.write_text(json.dumps({"op": spec.name, "levels": {"L0": [entry]}}))
         (case,) = load_file(path)
         x = inputs.make_inputs(case)
