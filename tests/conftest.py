@@ -17,8 +17,8 @@ def _private_golden_store(tmp_path_factory):
         os.environ.pop("VERIFY_STORE", None)
     else:
         os.environ["VERIFY_STORE"] = old
-    # The L1 goldens alone take ~16 GB, and pytest keeps the last three runs'
-    # temporary folders: kept, three runs fill a CI disk (stop 58's CI died of ENOSPC).
+    # the L1 goldens alone take ~16 GB, and pytest keeps the last three runs' temporary
+    # folders: three kept stores fill a CI disk
     from verify.golden.store import close_all
     close_all()
     shutil.rmtree(store, ignore_errors=True)

@@ -248,7 +248,7 @@ def test_the_space_covers_param_combinations_late_steps_and_value_families(tmp_p
     for label in [f"{f}:{v}" for f, vs in hunt.VARIANTS.items() for v in vs]:
         cand = hunt.Candidate("fp32", (64, 256), family=(("grad", label), ("v", label)))
         entry = cand.entry(spec, "c", 3)
-        path = tmp_path / f"{label.replace(':', '-')}" / "apply_adam_w_v2.json"
+        path = tmp_path / label.replace(":", "-") / "apply_adam_w_v2.json"
         path.parent.mkdir()
         path.write_text(json.dumps({"op": spec.name, "levels": {"L0": [entry]}}))
         (case,) = load_file(path)
