@@ -10,9 +10,10 @@ their own error floor: the pass measures them once), and then one with computed 
 Then the same ratios for bf16 and fp16 outputs, an output with errors beyond the
 tolerances' slopes (loud), one with a few such errors a block (few loud), rows 64 wide
 (the heat map's windows 2 columns), a [4M, 1] and a [1, 4M] shape and NaN / Inf present,
-and what a known floor (kept with the golden,
-verify/golden/floors.py) costs over a compare without floors. Last, what reading each block
-one word a line before the block loop does (the pass's touch: metrics.TOUCH_STATE) buys on
+and what a known floor (kept with the golden, verify/golden/floors.py) costs over a
+compare without floors; what computing that floor once per golden costs (output_floor: the
+golden rounded a block at a time in the pass). Last, what reading each block one word a
+line before the block loop does (the pass's touch: metrics.TOUCH_STATE) buys on
 this machine: each way fixed, and the pass timing both and picking.
 
 torch's OpenMP threads wait for their next op asleep here (OMP_WAIT_POLICY=PASSIVE, unless
@@ -38,6 +39,7 @@ import torch  # noqa: E402
 
 from verify.comparator import metrics  # noqa: E402
 from verify.comparator.comparison import compare, output_floor  # noqa: E402
+from verify.comparator.metrics import measure_all, round_once  # noqa: E402
 
 SHAPE = (7168, 4096)
 REPEATS = 7
@@ -176,6 +178,7 @@ def main() -> None:
           f"{ref_best / rows[7][1]:.1f}x); metrics alone <= 2.5x the floor "
           f"({rows[0][1] / floor_best:.1f}x)")
     variants()
+    floors_once()
     touch_ways()
     floor_spread()
     against_fastest(rows, floor.key)
@@ -245,6 +248,36 @@ def variants() -> None:
               f"({kn * 1e3:5.1f} ms)  none {no / fl:4.1f}x  "
               f"known / none {kn / no:4.2f}  assert_close / compare {ref / co:5.1f}x "
               f"(floors known {ref / kn:5.1f}x)")
+
+
+def floors_once() -> None:
+    """What a case's first kernel pays for the output floor that is then kept with the
+    golden (output_floor, verify/golden/floors.py): the floor alone, each block of the
+    golden rounded in cache (metrics.measure_floor), against the golden rounded whole
+    first (round_once) and measured as an output, as output_floor did before; and a cold
+    compare (output_floor, then compare with it known) against compare computing the floor
+    in its own pass. The output has computed error: no block is its own floor."""
+    print("the output floor, computed once per golden (x the memory floor of the output "
+          "and golden; cold: output_floor + compare with it known)")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        gen = torch.Generator().manual_seed(3)
+        golden = torch.randn(SHAPE, generator=gen, dtype=torch.float64)
+        actual = with_computed_error(golden, dtype, gen)
+        known = output_floor(golden, dtype, "allclose")
+
+        def rounded_first():
+            measure_all(round_once(golden, dtype), golden, dtype, floor=False)
+
+        fns = [lambda: output_floor(golden, dtype, "allclose"), rounded_first,
+               lambda: compare(actual, golden, standard="allclose", floor=known),
+               lambda: compare(actual, golden, standard="allclose")]
+        (fl, _), (alone, _), (first, _), (warm, _), (in_call, _) = round_robin(
+            fns, 5, floor=memory_floor_of(actual, golden))
+        print(f"  {str(dtype).replace('torch.', ''):9s} floor {fl * 1e3:5.1f} ms  "
+              f"output_floor {alone / fl:4.1f}x ({alone * 1e3:5.1f} ms), rounded whole first "
+              f"{first / fl:4.1f}x ({first * 1e3:5.1f} ms): {first / alone:4.2f}x faster;  "
+              f"cold compare {(alone + warm) / fl:4.1f}x, floor in the call "
+              f"{in_call / fl:4.1f}x, warm {warm / fl:4.1f}x")
 
 
 def _with_touch(way, fn):

@@ -6,8 +6,10 @@
 240 seeded pairs (fp32 / bf16 / fp16 / fp64 outputs; 1 to 9M elements, so several chunks
 and partial blocks; NaN / Inf / zeros / subnormals / huge values; every heat-map measure;
 with and without the error floor; widened tolerances) go through ``measure_all``; every
-field of both metrics, both histograms and the heat map is kept. ``check`` prints each
-pair that differs in any field (compared as IEEE bits, NaN equal to NaN) and exits 1 on any.
+field of both metrics, both histograms and the heat map is kept, and of the floor kept
+with the golden (``output_floor``: its metrics and histogram, allclose at the pair's
+scale). ``check`` prints each pair that differs in any field (compared as IEEE bits, NaN
+equal to NaN) and exits 1 on any.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from verify.comparator import metrics
+from verify.comparator.comparison import output_floor
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 SHAPES = ((1,), (7,), (65535,), (65537,), (3, 1000), (257, 1021), (2048, 2049),
@@ -82,7 +85,8 @@ def _fields_apart(got, ref) -> list[str]:
     """The fields of one pair's result that differ, as part.field (metrics, floor,
     histogram, heatmap)."""
     out = []
-    for part, x, y in zip(("metrics", "floor", "histogram", "heatmap"), got, ref):
+    for part, x, y in zip(("metrics", "floor", "histogram", "heatmap", "output_floor"), got,
+                          ref):
         if x == y:
             continue
         if isinstance(x, tuple) and isinstance(y, tuple) and len(x) == len(y) \
@@ -97,7 +101,10 @@ def results() -> list:
     out = []
     for k in range(240):
         a, g, kw = _pair(k)
-        out.append(_bits(metrics.measure_all(a, g, **kw)))
+        kept = output_floor(g, a.dtype, {"name": "allclose", "scale": kw["scale"]},
+                            plots=kw["hist"])
+        out.append(_bits(metrics.measure_all(a, g, **kw))
+                   + (_bits((kept.metrics, kept.histogram)) if kept else None,))
     return out
 
 

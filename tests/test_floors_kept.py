@@ -12,6 +12,7 @@ import torch
 
 import verify
 from verify.comparator.comparison import compare, output_floor
+from verify.comparator.metrics import measure_all, measure_floor, round_once
 from verify.golden import floors
 from verify.golden.store import GoldenStore
 
@@ -40,6 +41,31 @@ def test_a_known_floor_gives_compare_s_own_floor_bit_for_bit(dtype):
             assert all(_same(mine[k], kept[k]) for k in mine), (std, shape)
             assert own.histogram == known.histogram and own.warning == known.warning
             assert _same(own.floor_margin, known.floor_margin) and own.verdict == known.verdict
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_floor_alone_is_the_rounded_golden_measured_as_an_output(dtype):
+    """measure_floor rounds each block in cache; the figures are those of the whole golden
+    rounded first (round_once) and measured as a kernel's output, bit for bit: NaN / Inf
+    in the golden, finite values the rounding overflows, subnormals, signed zeros, a
+    partial last block."""
+    gen = torch.Generator().manual_seed(7)
+    g = torch.randn(3 * 65536 + 1001, generator=gen, dtype=torch.float64)
+    g[::211], g[3::307], g[5::401] = float("nan"), -float("inf"), 2.0 ** -140
+    g[7::503] = 3.5e38 if dtype == torch.float32 else 7e4  # rounds to Inf
+    g[9::601], g[11::701] = -0.0, 1e-30
+    g[:65536] *= 1e-3  # a block of another scale
+    for atol, rtol, scale in ((None, None, 1.0), (1e-3, 1e-2, 4.0), (0.0, 1e-9, 1.0)):
+        m, hist = measure_floor(g, dtype, atol=atol, rtol=rtol, scale=scale)
+        ref = measure_all(round_once(g, dtype), g, dtype, atol=atol, rtol=rtol, scale=scale,
+                          floor=False)
+        mine, theirs = asdict(m), asdict(ref.metrics)
+        apart = [k for k in mine if k not in ("argmax_abs", "argmax_rel")
+                 and not _same(mine[k], theirs[k])]
+        assert not apart, (atol, rtol, scale, apart)
+        assert hist == ref.histogram["actual"] and sum(hist["counts"]) > 0
+    with pytest.raises(ValueError, match="float64"):
+        measure_floor(g, torch.float64)
 
 
 def test_a_warm_run_reads_the_floors_and_writes_the_same_rows(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ from verify.comparator import dtypes as dt
 from verify.comparator import standards
 from verify.errors import ConfigError
 from verify.comparator import benchmark as bm
-from verify.comparator.metrics import Metrics, exact_metrics, measure_all, measure_pair, round_once
+from verify.comparator.metrics import (Metrics, exact_metrics, measure_all, measure_floor,
+                                      measure_pair, round_once)
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,17 @@ def output_floor(golden: torch.Tensor, dtype, standard=None, output: str | None 
     out_dtype = dt.to_torch(dtype)
     if not out_dtype.is_floating_point or spec["name"] == "benchmark":
         return None
-    rounded = round_once(golden.detach().to("cpu", torch.float64), out_dtype)
-    m, _, hist, _ = measure_all(rounded, golden, out_dtype, atol=spec.get("atol"),
-                                rtol=spec.get("rtol"), floor=False,
-                                scale=float(spec.get("scale", 1.0)), hist=plots)
+    tolerances = dict(atol=spec.get("atol"), rtol=spec.get("rtol"),
+                      scale=float(spec.get("scale", 1.0)))
+    if out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        m, hist = measure_floor(golden, out_dtype, hist=plots, **tolerances)
+    else:  # float64 (the golden itself), fp8: the rounded golden measured as an output
+        rounded = round_once(golden.detach().to("cpu", torch.float64), out_dtype)
+        m, _, both, _ = measure_all(rounded, golden, out_dtype, floor=False, hist=plots,
+                                    **tolerances)
+        hist = both["actual"] if both else None
     # the pass's own floor locates no worst element: neither does this one
-    m = replace(m, argmax_abs=-1, argmax_rel=-1)
-    return KnownFloor(m, hist["actual"] if hist else None)
+    return KnownFloor(replace(m, argmax_abs=-1, argmax_rel=-1), hist)
 
 
 @dataclass
