@@ -190,7 +190,9 @@ def test_an_fp32_block_is_its_own_floor_by_its_counts_as_by_its_bits():
     (_is_rounded_golden) on blocks that are the rounded golden, one ulp above or below it
     once, a tie rounded to odd (an ULP error of 0.5, as the even neighbour's), a zero of
     the other sign (+0 for -1e-60, -0 for a +0 golden and for +1e-60), a vector tail;
-    and on bf16 / fp16 blocks, which take the bitwise test itself."""
+    and on bf16 / fp16 blocks read as float32 (an fp32 output judged as bf16 / fp16,
+    whose values need not be the format's: one float32 ulp up or down), which take the
+    bitwise test."""
     from verify.comparator import metrics
     n = 1000
     g = torch.randn(n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
@@ -219,11 +221,72 @@ def test_an_fp32_block_is_its_own_floor_by_its_counts_as_by_its_bits():
             kind = metrics._FLOOR_KINDS[dtype]
             by_bits = ob[metrics.MAX_ULP] <= 0.5 and metrics._is_rounded_golden(x, gn, kind,
                                                                                False)
-            assert metrics._own_floor(ob, x, xbits, gn, gn.view(np.int64), kind, True,
-                                      eb_half) == by_bits
+            for on_grid in (False, True) if dtype == torch.float32 else (False,):
+                assert metrics._own_floor(ob, x, xbits, gn, gn.view(np.int64), kind, True,
+                                          eb_half, on_grid) == by_bits
             answers.append(by_bits)
     assert answers[:8] == [True, False, False, False, False, False, False, True]  # fp32
     assert answers.count(True) == 6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_block_under_half_an_ulp_is_the_rounded_golden(dtype):
+    """A clean bf16 / fp16 block whose every ULP error is under 0.5 is taken for the
+    rounded golden (_own_floor) without the bitwise test: that holds where the spacing
+    changes (goldens just under and over powers of two, rounding up into the next
+    binade), in the subnormal range, next to the largest finite value and past it (the
+    rounding overflows), at signed zeros, at a tie; each block the rounded golden, and the
+    same with one value moved one step up or down (which the bitwise test refuses: the
+    tie's odd neighbour too, an ULP error of 0.5 as the even one's)."""
+    from verify.comparator import metrics
+    gen = torch.Generator().manual_seed(11)
+    bits, emin, vmax = FORMATS[dtype]
+    n = 4096
+    powers = 2.0 ** torch.randint(emin - bits, 15, (n,), generator=gen).double()
+    shade = 1 + (torch.rand(n, generator=gen, dtype=torch.float64) - 0.5) * 2.0 ** (2 - bits)
+    g = powers * shade * torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0).double()
+    g[:64] = vmax * (1 + (torch.rand(64, generator=gen, dtype=torch.float64) - 0.7)
+                     * 2.0 ** (1 - bits))  # at the top: some round to max, some overflow
+    g[64:128] = 2.0 ** (emin - bits) * torch.rand(64, generator=gen, dtype=torch.float64) * 4
+    g[128:132] = torch.tensor([0.0, -0.0, -1e-300, 1e-300], dtype=torch.float64)
+    g[132] = 1.0 + 2.0 ** -bits  # a tie, to even (1.0); one step up is as near: not it
+    finite = torch.isfinite(round_once(g, dtype))
+    g = g[finite]  # a clean block: the overflowing goldens go to a block of their own
+    exact = round_once(g, dtype).to(torch.float32)
+    c = metrics._constants(dtype, *metrics.default_tolerances(dtype))
+    kind, eb_half = metrics._FLOOR_KINDS[dtype], dtype == torch.float16
+    block = metrics._half_block_metrics if eb_half else metrics._block_metrics
+    gn = g.numpy()
+
+    def answers(x_t):
+        x = x_t.numpy()
+        xbits, xexp, xman = metrics._bits_of(x)
+        ob = np.zeros(metrics.N_SLOTS)
+        assert not block(x, xbits, xexp, xman, gn, gn.view(np.int64), 0, len(x), c, ob,
+                         np.zeros(0), np.zeros(0), np.zeros(0, np.uint32))
+        by_bits = bool(ob[metrics.MAX_ULP] <= 0.5
+                       and metrics._is_rounded_golden(x, gn, kind, False))
+        return metrics._own_floor(ob, x, xbits, gn, gn.view(np.int64), kind, True,
+                                  eb_half, True), by_bits
+
+    assert answers(exact) == (True, True)
+    moved = 0
+    tie = int((g == 1.0 + 2.0 ** -bits).nonzero()[0])
+    for i in torch.randint(0, len(g), (24,), generator=gen).tolist() + [0, 1, 64, 65, tie]:
+        for way in (1, -1):
+            x = exact.clone()
+            bits = x[i:i + 1].to(dtype).view(torch.int16)
+            if (bits & 0x7FFF).item() == 0 and way < 0:
+                continue  # no step down from a zero's magnitude
+            x[i] = (bits + way).view(dtype).float()[0]  # the magnitude one step up / down
+            if not torch.isfinite(x[i]):
+                continue
+            moved += 1
+            assert answers(x) == (False, False), (i, way, g[i].item())
+    assert moved >= 40
+    signed = exact.clone()
+    signed[(exact == 0).nonzero()[0]] *= -1  # a zero of the other sign
+    assert answers(signed) == (False, False)
 
 
 def test_exact_on_floats_is_exact():
