@@ -9,7 +9,8 @@ their own error floor: the pass measures them once), and then one with computed 
 (1e-7 relative, as a kernel that rounds intermediates has: the floor measured apart).
 Then the same ratios for bf16 and fp16 outputs, an output with errors beyond the
 tolerances' slopes (loud), one with a few such errors a block (few loud), rows 64 wide
-(the heat map's windows 2 columns), a [4M, 1] and a [1, 4M] shape and NaN / Inf present,
+(the heat map's windows 2 columns), rows 8 wide (column maxima over runs of whole rows),
+a [4M, 1] and a [1, 4M] shape and NaN / Inf present,
 and what a known floor (kept with the golden, verify/golden/floors.py) costs over a
 compare without floors; what computing that floor once per golden costs (output_floor: the
 golden rounded a block at a time in the pass). Last, what reading each block one word a
@@ -211,6 +212,7 @@ VARIANTS = (("fp32 [7168, 4096]", torch.float32, SHAPE, False),
             ("fp32 [7168, 4096], loud", torch.float32, SHAPE, "loud"),
             ("fp32 [7168, 4096], few loud", torch.float32, SHAPE, "few loud"),
             ("bf16 [458752, 64]", torch.bfloat16, (458752, 64), False),
+            ("fp32 [524288, 8]", torch.float32, (1 << 19, 8), False),
             ("fp32 [4M, 1]", torch.float32, (1 << 22, 1), False),
             ("fp32 [1, 4M]", torch.float32, (1, 1 << 22), False),
             ("fp32 [7168, 4096], NaN / Inf", torch.float32, SHAPE, True),

@@ -266,7 +266,7 @@ def test_every_float_output_gets_its_histogram_from_the_metrics_pass():
 
 @pytest.mark.parametrize("shape", [(64, 1100), (100, 7), (2, 3, 40), (33, 65), (70000, 3),
                                    (70001, 1), (3, 70001), (2100, 2000), (1, 1), (3000, 64),
-                                   (5, 3000)])
+                                   (5, 3000), (40000, 2), (9000, 31), (1100, 63), (700, 255)])
 def test_heat_map_comes_from_the_metrics_pass(shape):
     """The pass's heat map equals the torch one (adaptive max pooling over columns, rows
     binned): rows up to 2048 wide (column maxima row by row), wider ones (a vectorised max
