@@ -15,8 +15,8 @@ from verify.comparator import dtypes as dt
 from verify.comparator import standards
 from verify.errors import ConfigError
 from verify.comparator import benchmark as bm
-from verify.comparator.metrics import (Metrics, exact_metrics, measure_all, measure_floor,
-                                      measure_pair, round_once)
+from verify.comparator.metrics import (FLOOR_DTYPES, Metrics, exact_metrics, measure_all,
+                                      measure_floor, measure_pair, round_once)
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def output_floor(golden: torch.Tensor, dtype, standard=None, output: str | None 
         return None
     tolerances = dict(atol=spec.get("atol"), rtol=spec.get("rtol"),
                       scale=float(spec.get("scale", 1.0)))
-    if out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if out_dtype in FLOOR_DTYPES:
         m, hist = measure_floor(golden, out_dtype, hist=plots, **tolerances)
     else:  # float64 (the golden itself), fp8: the rounded golden measured as an output
         rounded = round_once(golden.detach().to("cpu", torch.float64), out_dtype)

@@ -1063,8 +1063,8 @@ def _own_floor(ob, x, xbits, g, gbits, kind, clean, eb_half, on_grid):
         # spacing of the golden's binade, floored at min_exp): no other value of the
         # format is that near, the nearest (the rounding) is, so each is the rounding;
         # a d rounded in float64 reaches 0.5 only from 0.5 or above. Left: the zeros'
-        # signs. bf16 [7168, 4096] metrics with the floor 37.6 -> 28.9 ms (29.0 without
-        # the floor), fp16 34.7-37.8 -> 31.9-32.3 (26.0-30.5), one process, noisy
+        # signs. [7168, 4096] metrics with the floor, bf16 34.7-37.6 -> 27.6-28.9 ms
+        # (26.0-29.0 without it), fp16 37.8 -> 31.9-32.3 (27.5-30.5); two runs each
         return _zeros_signed_as_golden(x, xbits, gbits)
     return _is_rounded_golden(x, g, kind, not clean)
 
@@ -1505,10 +1505,8 @@ def _make_pass(eb_half: bool):
                 x, xbits = a[lo:hi], abits[lo:hi]
             y, ybits = g[lo:hi], gbits[lo:hi]
             at_specials = (0, 0)  # the error balance's counts at NaN / Inf pairs
-            if floor_only:
-                pass
-            elif not try_clean or kernel_block(x, xbits, y, ybits, ob, tols, kept,
-                                               False):
+            if not floor_only and (not try_clean or kernel_block(x, xbits, y, ybits, ob,
+                                                                   tols, kept, False)):
                 k = _special_spots(x, xbits, aexp, aman, y, ybits, flagged)
                 kernel_block(x, xbits, y, ybits, ob, tols, kept, True)
                 _settle_specials(ob, flagged, k, kept[:0],
@@ -1923,6 +1921,7 @@ _BUFFERS = threading.local()
 # the output formats whose floor _rounded rounds (the others: _round_range)
 _FLOOR_KINDS = {torch.float32: ROUND_F32, torch.bfloat16: ROUND_BF16,
                 torch.float16: ROUND_F16}
+FLOOR_DTYPES = tuple(_FLOOR_KINDS)  # the output dtypes measure_floor rounds a golden into
 
 
 def _buffers(n_threads: int, width: int, upcast: bool, dtype=np.float32):
@@ -2008,8 +2007,7 @@ def measure_all(actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype |
             histogram["floor"] = _hist_dict(hists[1])
     heatmap = None
     if heat:
-        abits, aexp, aman = _bits_of(a_np)
-        cells = _heat_cells(ran.heat_threads.max(axis=0), (a_np, abits, aexp, aman, a16,
+        cells = _heat_cells(ran.heat_threads.max(axis=0), (a_np, *ran.bits, a16,
                             a.dtype == torch.float16, g_np, c), heat == "tol", rows, cols,
                             ran.starts, ran.ends)
         heatmap = {"rows": rows, "cols": cols, "grid": cells.tolist(),
@@ -2027,8 +2025,8 @@ def measure_floor(golden: torch.Tensor, dtype: torch.dtype, atol: float | None =
     and measuring that as an output read and wrote it twice more; output_floor at [7168,
     4096], fp32 / bf16 / fp16: 87.2 / 111.2 / 109.4 -> 36.0 / 45.3 / 46.6 ms (round_once
     alone 41.3 / 77.0 / 66.7)."""
-    if dtype not in _FLOOR_KINDS:
-        raise ValueError(f"measure_floor rounds to {sorted(map(str, _FLOOR_KINDS))}, "
+    if dtype not in FLOOR_DTYPES:
+        raise ValueError(f"measure_floor rounds to {sorted(map(str, FLOOR_DTYPES))}, "
                          f"not {dtype}")
     atol, rtol = _tolerances(dtype, atol, rtol, scale)
     g = golden.detach().to("cpu", torch.float64).contiguous().reshape(-1)
@@ -2058,6 +2056,7 @@ class _Ran(NamedTuple):
     starts: np.ndarray
     ends: np.ndarray
     a_np: np.ndarray
+    bits: tuple  # a_np's bits and its exponent and significand masks (_bits_of)
     a16: np.ndarray
     g_np: np.ndarray
     c: np.ndarray
@@ -2106,8 +2105,8 @@ def _launch(a: torch.Tensor, g: torch.Tensor, dtype: torch.dtype, atol: float, r
                    scratch, kept_cells, flagged, _FLOOR_KINDS.get(dtype, 0) if floor else 0,
                    a16, up_buf, _bits_of(up_buf)[0], a.dtype == torch.float16, _touch_of(),
                    keep, np.zeros(1, dtype=np.int64))
-    return _Ran(parts, parts_f, hist_blocks, eb_blocks, heat_threads, starts, ends, a_np, a16,
-                g_np, c)
+    return _Ran(parts, parts_f, hist_blocks, eb_blocks, heat_threads, starts, ends, a_np,
+                (abits, aexp, aman), a16, g_np, c)
 
 
 _EXACT_TENS = np.array([10.0 ** k for k in range(23)])  # the powers of ten a float holds
